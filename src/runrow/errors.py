@@ -1,0 +1,76 @@
+"""The errors runrow raises. Every one is a :class:`RunrowError`."""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigurationError",
+    "InvalidInput",
+    "LeaseLost",
+    "RunNotFound",
+    "RunrowError",
+    "SchemaOutOfDate",
+]
+
+
+class RunrowError(Exception):
+    """Base class of every error runrow raises on purpose."""
+
+
+class InvalidInput(RunrowError, ValueError):
+    """An argument was rejected before anything was written.
+
+    ``field`` names the argument at fault.
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class ConfigurationError(RunrowError, ValueError):
+    """Options that cannot work together, such as a heartbeat no shorter than the lease."""
+
+
+class SchemaOutOfDate(RunrowError):
+    """The database schema is missing, older or newer than this version of runrow expects.
+
+    The message names the fix (usually ``runrow migrate``).
+    """
+
+    def __init__(self, schema: str, found: int | None, expected: int) -> None:
+        if found is None:
+            what = f"runrow schema {schema!r} does not exist in this database"
+        elif found < expected:
+            what = f"runrow schema {schema!r} is at version {found}, this runrow needs {expected}"
+        else:
+            what = (
+                f"runrow schema {schema!r} is at version {found}, newer than this runrow "
+                f"({expected}); upgrade the runrow package"
+            )
+        fix = "" if found is not None and found > expected else (
+            f"; run `runrow migrate --schema {schema}` (or `await runrow.migrate(...)`)"
+        )
+        super().__init__(what + fix)
+        self.schema = schema
+        self.found = found
+        self.expected = expected
+
+
+class RunNotFound(RunrowError, LookupError):
+    """No run has that id (in this schema)."""
+
+    def __init__(self, run_id: object) -> None:
+        super().__init__(f"no run with id {run_id!s}")
+        self.run_id = run_id
+
+
+class LeaseLost(RunrowError):
+    """This worker no longer holds the run's claim: it was reaped, stopped or superseded.
+
+    Raised from fenced writes (``emit``, ``write_message``); the dispatcher stops the
+    run's agent and writes nothing more for it.
+    """
+
+    def __init__(self, run_id: object) -> None:
+        super().__init__(f"lost the claim on run {run_id!s}; standing down")
+        self.run_id = run_id

@@ -1,0 +1,68 @@
+"""Forward-only schema migrations, safe to run from many processes at once."""
+
+from __future__ import annotations
+
+import logging
+
+from psycopg import AsyncConnection
+
+from . import _sql
+from ._names import DEFAULT_SCHEMA, check_schema
+from .errors import InvalidInput, SchemaOutOfDate
+
+__all__ = ["latest_version", "migrate"]
+
+log = logging.getLogger("runrow.migrate")
+
+
+def latest_version() -> int:
+    """The schema version this runrow needs."""
+    return len(_sql.migrations())
+
+
+async def migrate(
+    conninfo: str | AsyncConnection, *, schema: str = DEFAULT_SCHEMA, target: int | None = None
+) -> list[int]:
+    """Brings ``schema`` up to ``target`` (default: the latest) and returns the versions applied.
+
+    Each migration commits in its own transaction together with its version row,
+    under a per-schema advisory lock, so concurrent migrators apply each step once
+    and the others find it done. A schema newer than this runrow raises
+    :class:`SchemaOutOfDate`.
+    """
+    check_schema(schema)
+    steps = _sql.migrations()
+    goal = len(steps) if target is None else target
+    if not 0 <= goal <= len(steps):
+        raise InvalidInput("target", f"must be between 0 and {len(steps)}")
+    if isinstance(conninfo, AsyncConnection):
+        return await _migrate(conninfo, schema, steps, goal)
+    async with await AsyncConnection.connect(conninfo, autocommit=True) as conn:
+        return await _migrate(conn, schema, steps, goal)
+
+
+async def _migrate(
+    conn: AsyncConnection, schema: str, steps: tuple[tuple[int, str, str], ...], goal: int
+) -> list[int]:
+    applied_now: list[int] = []
+    lock_key = f"runrow.migrate:{schema}"
+    for version, name, text in steps[:goal]:
+        async with conn.transaction():
+            await conn.execute(_sql.statement("migrate_lock", schema), {"lock_key": lock_key})
+            await conn.execute(_sql.statement("create_schema", schema))
+            await conn.execute(_sql.statement("create_version_table", schema))
+            cur = await conn.execute(_sql.statement("applied_versions", schema))
+            done = {row[0] for row in await cur.fetchall()}
+            newest = max(done, default=0)
+            if newest > len(steps):
+                raise SchemaOutOfDate(schema, newest, len(steps))
+            if version in done:
+                continue
+            await conn.execute(_sql.render(text, schema))
+            await conn.execute(
+                _sql.statement("record_version", schema), {"version": version, "name": name}
+            )
+            applied_now.append(version)
+            log.info("applied migration %04d_%s to schema %s", version, name, schema,
+                     extra={"schema": schema, "version": version})
+    return applied_now

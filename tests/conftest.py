@@ -1,0 +1,101 @@
+"""Test harness: a real, throwaway PostgreSQL server that the tests start themselves.
+
+* The server is runrow's own launcher (``runrow.embedded``): under root it runs the
+  server as an unprivileged account; as a normal user it runs as that user.
+* ``RUNROW_TEST_DATABASE_URL`` reuses a server you already run instead (the tests then
+  create and drop a database ``runrow_test_<random>`` on it).
+* Each test gets its own freshly migrated runrow schema with a random name, which also
+  keeps NOTIFY channels of concurrent tests apart (channel names derive from the schema).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import psycopg
+import pytest
+from psycopg import sql
+from pytest_postgresql.janitor import DatabaseJanitor
+
+import runrow
+from runrow.embedded import EmbeddedPostgres
+
+
+@pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    # psycopg's async support is asyncio-only; test modules carry `pytestmark = pytest.mark.anyio`.
+    return "asyncio"
+
+
+class Server:
+    """Where the test database lives: conninfo for any database on it."""
+
+    def __init__(self, launcher: EmbeddedPostgres | None, url: str | None) -> None:
+        self.launcher = launcher
+        self.url = url
+
+    def conninfo(self, dbname: str) -> str:
+        if self.launcher is not None:
+            return self.launcher.conninfo(dbname)
+        assert self.url is not None
+        return psycopg.conninfo.make_conninfo(self.url, dbname=dbname)
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[Server]:
+    url = os.environ.get("RUNROW_TEST_DATABASE_URL")
+    if url:
+        yield Server(None, url)
+        return
+    launcher = EmbeddedPostgres(fast=True, tcp=True, settings={"max_connections": "300"})
+    launcher.start()
+    try:
+        yield Server(launcher, None)
+    finally:
+        launcher.stop()
+
+
+@pytest.fixture(scope="session")
+def dsn(pg_server: Server) -> Iterator[str]:
+    """Conninfo of the session's test database."""
+    dbname = f"runrow_test_{uuid.uuid4().hex[:8]}"
+    params = psycopg.conninfo.conninfo_to_dict(pg_server.conninfo(dbname))
+    janitor = DatabaseJanitor(
+        user=str(params.get("user", "postgres")),
+        host=str(params.get("host", "localhost")),
+        port=str(params.get("port", 5432)),
+        password=params.get("password"),  # type: ignore[arg-type]
+        dbname=dbname,
+    )
+    janitor.init()
+    try:
+        yield pg_server.conninfo(dbname)
+    finally:
+        janitor.drop()
+
+
+@pytest.fixture
+def schema_name() -> str:
+    return f"t_{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+async def schema(dsn: str, schema_name: str) -> AsyncIterator[str]:
+    """A freshly migrated runrow schema, dropped after the test."""
+    await runrow.migrate(dsn, schema=schema_name)
+    try:
+        yield schema_name
+    finally:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await conn.execute(
+                sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema_name))
+            )
+
+
+@pytest.fixture
+async def conn(dsn: str) -> AsyncIterator[psycopg.AsyncConnection]:
+    """An autocommit connection for the test's own reads and writes."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c:
+        yield c

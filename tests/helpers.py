@@ -1,0 +1,42 @@
+"""Small helpers shared by the tests: counting rows and reading a schema's tables."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+
+def table(schema: str, name: str) -> sql.Composed:
+    return sql.SQL("{}.{}").format(sql.Identifier(schema), sql.Identifier(name))
+
+
+async def count(conn: psycopg.AsyncConnection, schema: str, name: str) -> int:
+    cur = await conn.execute(sql.SQL("SELECT count(*) FROM {}").format(table(schema, name)))
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def counts(conn: psycopg.AsyncConnection, schema: str) -> dict[str, int]:
+    return {t: await count(conn, schema, t) for t in ("message", "agent_run", "run_event")}
+
+
+async def rows(conn: psycopg.AsyncConnection, query: sql.Composable, params: Any = None) -> list[tuple[Any, ...]]:
+    cur = await conn.execute(query, params)
+    return await cur.fetchall()
+
+
+async def events(conn: psycopg.AsyncConnection, schema: str, run_id: Any) -> list[tuple[int, str, Any]]:
+    q = sql.SQL("SELECT seq, type, payload FROM {} WHERE run_id = %s ORDER BY seq").format(
+        table(schema, "run_event"))
+    return [(r[0], r[1], r[2]) for r in await rows(conn, q, (run_id,))]
+
+
+async def run_row(conn: psycopg.AsyncConnection, schema: str, run_id: Any) -> dict[str, Any]:
+    cur = conn.cursor(row_factory=psycopg.rows.dict_row)
+    await cur.execute(sql.SQL("SELECT * FROM {} WHERE id = %s").format(table(schema, "agent_run")), (run_id,))
+    row = await cur.fetchone()
+    assert row is not None
+    return row

@@ -1,0 +1,201 @@
+"""Enqueue: one atomic unit, in the caller's transaction or its own, idempotent, strict on input."""
+
+from __future__ import annotations
+
+import math
+import uuid
+
+import anyio
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg_pool import AsyncConnectionPool
+
+import runrow
+from runrow._names import Channels
+
+from .helpers import count, counts, events, run_row, table
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_enqueue_writes_message_run_events_and_wake(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
+    wake = Channels.for_schema(schema).wake
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as listener:
+        await listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(wake)))
+        run = await runrow.enqueue(
+            dsn, schema=schema, conversation_id="c1", user_id="u1",
+            content={"text": "hello"}, tenant_id="t1", request={"model": "fake"},
+        )
+        got = []
+        async for n in listener.notifies(timeout=5, stop_after=1):
+            got.append(n.channel)
+    assert got == [wake]
+    assert run.status == "queued" and run.created and run.conversation_id == "c1"
+    row = await run_row(conn, schema, run.id)
+    assert (row["user_id"], row["tenant_id"], row["request"]) == ("u1", "t1", {"model": "fake"})
+    assert row["claim_token"] is None and row["started_at"] is None
+    assert [(s, t) for s, t, _ in await events(conn, schema, run.id)] == [
+        (1, "user_message_created"), (2, "run_queued")]
+    cur = await conn.execute(
+        sql.SQL("SELECT role, content, status, run_id FROM {} WHERE id = %s").format(table(schema, "message")),
+        (run.user_message_id,))
+    assert await cur.fetchone() == ("user", {"text": "hello"}, "sent", run.id)
+
+
+async def test_enqueue_joins_callers_transaction_commit(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
+    await conn.execute(sql.SQL("CREATE TABLE {} (note text)").format(table(schema, "host_note")))
+    async with await psycopg.AsyncConnection.connect(dsn) as host:
+        async with host.transaction():
+            await host.execute(sql.SQL("INSERT INTO {} VALUES ('mine')").format(table(schema, "host_note")))
+            run = await runrow.enqueue(host, schema=schema, conversation_id="c", user_id="u", content="hi")
+            # Not visible to anyone else before the host commits.
+            assert await count(conn, schema, "agent_run") == 0
+    assert await count(conn, schema, "agent_run") == 1
+    assert await count(conn, schema, "host_note") == 1
+    assert (await run_row(conn, schema, run.id))["status"] == "queued"
+
+
+async def test_enqueue_rolls_back_with_callers_transaction(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
+    await conn.execute(sql.SQL("CREATE TABLE {} (note text)").format(table(schema, "host_note")))
+    async with await psycopg.AsyncConnection.connect(dsn) as host:
+        with pytest.raises(RuntimeError, match="host changed its mind"):
+            async with host.transaction():
+                await host.execute(sql.SQL("INSERT INTO {} VALUES ('mine')").format(table(schema, "host_note")))
+                await runrow.enqueue(host, schema=schema, conversation_id="c", user_id="u", content="hi")
+                raise RuntimeError("host changed its mind")
+    assert await counts(conn, schema) == {"message": 0, "agent_run": 0, "run_event": 0}
+    assert await count(conn, schema, "host_note") == 0
+
+
+async def test_killed_transaction_leaves_nothing(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
+    """The session dies after the enqueue statement ran but before commit: nothing visible."""
+    victim = await psycopg.AsyncConnection.connect(dsn)
+    try:
+        await victim.execute("BEGIN")
+        await runrow.enqueue(victim, schema=schema, conversation_id="c", user_id="u", content="hi")
+        await conn.execute("SELECT pg_terminate_backend(%s)", (victim.info.backend_pid,))
+        with pytest.raises(psycopg.OperationalError):
+            await victim.execute("COMMIT")
+    finally:
+        await victim.close()
+    assert await counts(conn, schema) == {"message": 0, "agent_run": 0, "run_event": 0}
+
+
+async def test_failure_midway_writes_nothing(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
+    """A failure after some rows were inserted (here: the journal's second event) undoes all."""
+    await conn.execute(sql.SQL("""
+        CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN IF NEW.seq = 2 THEN RAISE EXCEPTION 'injected failure'; END IF; RETURN NEW; END $$;
+        CREATE TRIGGER fail_second BEFORE INSERT ON {t} FOR EACH ROW EXECUTE FUNCTION {fn}();
+    """).format(fn=sql.Identifier(schema, "fail_second"), t=table(schema, "run_event")))
+    with pytest.raises(psycopg.errors.RaiseException, match="injected failure"):
+        await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="hi")
+    assert await counts(conn, schema) == {"message": 0, "agent_run": 0, "run_event": 0}
+
+
+async def test_enqueue_through_a_pool(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
+    async with AsyncConnectionPool(dsn, min_size=1, max_size=2, open=False) as pool:
+        runs = [await runrow.enqueue(pool, schema=schema, conversation_id="c", user_id="u", content=i)
+                for i in range(3)]
+    assert len({r.id for r in runs}) == 3
+    assert await counts(conn, schema) == {"message": 3, "agent_run": 3, "run_event": 6}
+
+
+async def test_idempotent_enqueue_under_a_20_way_race(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
+    results: list[runrow.Run] = []
+    conns = [await psycopg.AsyncConnection.connect(dsn, autocommit=True) for _ in range(20)]
+    start = anyio.Event()
+
+    async def one(c: psycopg.AsyncConnection) -> None:
+        await start.wait()
+        results.append(await runrow.enqueue(
+            c, schema=schema, conversation_id="c", user_id="u", content="same", idempotency_key="k-1"))
+
+    try:
+        async with anyio.create_task_group() as tg:
+            for c in conns:
+                tg.start_soon(one, c)
+            await anyio.sleep(0)
+            start.set()
+    finally:
+        for c in conns:
+            await c.close()
+    assert len(results) == 20
+    assert len({r.id for r in results}) == 1
+    assert sum(r.created for r in results) == 1
+    assert await counts(conn, schema) == {"message": 1, "agent_run": 1, "run_event": 2}
+
+
+async def test_idempotency_key_is_per_user(dsn: str, schema: str) -> None:
+    a = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="ann", content="x", idempotency_key="k")
+    b = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="bob", content="x", idempotency_key="k")
+    again = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="ann", content="y", idempotency_key="k")
+    assert a.id != b.id and again.id == a.id and not again.created
+
+
+class Opaque:
+    pass
+
+
+BAD_INPUTS = [
+    ({"content": Opaque()}, "content"),
+    ({"content": {"x": {1, 2}}}, "content"),
+    ({"content": math.nan}, "content"),
+    ({"content": "a\x00b"}, "content"),
+    ({"content": {"nested": ["ok", {"deep": "nul\x00"}]}}, "content"),
+    ({"content": {"key\x00": 1}}, "content"),
+    ({"content": "x" * 300_000}, "content"),
+    ({"request": {"bad": Opaque()}}, "request"),
+    ({"request": "nul\x00"}, "request"),
+    ({"conversation_id": ""}, "conversation_id"),
+    ({"conversation_id": 7}, "conversation_id"),
+    ({"conversation_id": "c\x00"}, "conversation_id"),
+    ({"user_id": ""}, "user_id"),
+    ({"tenant_id": ""}, "tenant_id"),
+    ({"idempotency_key": ""}, "idempotency_key"),
+    ({"idempotency_key": "k" * 1000}, "idempotency_key"),
+]
+
+
+@pytest.mark.parametrize(("override", "field"), BAD_INPUTS, ids=[f"{f}-{i}" for i, (_, f) in enumerate(BAD_INPUTS)])
+async def test_bad_input_is_typed_and_writes_nothing(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection, override: dict[str, object], field: str
+) -> None:
+    kwargs: dict[str, object] = {"conversation_id": "c", "user_id": "u", "content": "hi", **override}
+    with pytest.raises(runrow.InvalidInput) as info:
+        await runrow.enqueue(dsn, schema=schema, **kwargs)  # type: ignore[arg-type]
+    assert info.value.field == field
+    assert isinstance(info.value, runrow.RunrowError)
+    assert await counts(conn, schema) == {"message": 0, "agent_run": 0, "run_event": 0}
+
+
+async def test_escaped_backslash_u0000_text_is_not_a_nul(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
+    run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="a literal \\u0000")
+    cur = await conn.execute(sql.SQL("SELECT content FROM {} WHERE id = %s").format(table(schema, "message")),
+                             (run.user_message_id,))
+    assert await cur.fetchone() == ("a literal \\u0000",)
+
+
+async def test_size_limit_is_configurable(dsn: str, schema: str) -> None:
+    with pytest.raises(runrow.InvalidInput, match="limit of 10 bytes"):
+        await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x" * 20, max_content_bytes=10)
+    run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x" * 20, max_content_bytes=100)
+    assert run.created
+
+
+async def test_unknown_schema_names_the_fix(dsn: str) -> None:
+    with pytest.raises(runrow.SchemaOutOfDate, match="runrow migrate") as info:
+        await runrow.enqueue(dsn, schema=f"missing_{uuid.uuid4().hex[:6]}", conversation_id="c", user_id="u", content="x")
+    assert info.value.found is None
+
+
+@pytest.mark.parametrize("bad", ["", "x" * 64, "a\x00b"])
+async def test_bad_schema_name_is_invalid_input(dsn: str, bad: str) -> None:
+    with pytest.raises(runrow.InvalidInput, match="schema"):
+        await runrow.enqueue(dsn, schema=bad, conversation_id="c", user_id="u", content="x")
+
+
+async def test_bad_db_argument_is_invalid_input(schema: str) -> None:
+    with pytest.raises(runrow.InvalidInput, match="conninfo"):
+        await runrow.enqueue(42, schema=schema, conversation_id="c", user_id="u", content="x")  # type: ignore[arg-type]

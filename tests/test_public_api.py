@@ -1,0 +1,28 @@
+"""The public API is exactly __all__; a name appearing or vanishing is a decision, not an accident."""
+
+from __future__ import annotations
+
+import runrow
+
+EXPECTED = {
+    "ConfigurationError", "Database", "Draft", "InvalidInput", "LeaseLost", "Message", "Run",
+    "RunInfo", "RunNotFound", "RunStatus", "RunrowError", "SchemaOutOfDate", "StopResult",
+    "enqueue", "latest_version", "migrate", "retry_run",
+}
+
+
+def test_all_is_the_expected_api() -> None:
+    assert set(runrow.__all__) == EXPECTED
+    assert runrow.__all__ == sorted(runrow.__all__)
+
+
+def test_every_public_name_exists_and_is_documented() -> None:
+    for name in runrow.__all__:
+        obj = getattr(runrow, name)
+        if callable(obj) and not isinstance(obj, str):
+            assert (obj.__doc__ or "").strip(), f"{name} has no docstring"
+
+
+def test_errors_share_one_base() -> None:
+    for name in ("ConfigurationError", "InvalidInput", "LeaseLost", "RunNotFound", "SchemaOutOfDate"):
+        assert issubclass(getattr(runrow, name), runrow.RunrowError)
