@@ -1,21 +1,33 @@
 -- The journal: fenced appends by the claim holder, reads after a cursor, retention.
 
 -- name: append_events
--- One flush: a batch of events, written only while this worker still holds the claim.
--- The NOTIFY rides the same statement, so a fenced-out flush announces nothing.
+-- Flushes of one or more runs, each written only while its worker still holds the claim.
+-- Returns the runs whose rows landed; the NOTIFY rides the same statement, so a
+-- fenced-out flush writes nothing and announces nothing.
 WITH ins AS (
     INSERT INTO {schema}.run_event (run_id, seq, type, payload)
-    SELECT %(run_id)s, e.seq, e.type, e.payload
-    FROM unnest(%(seqs)s::integer[], %(types)s::text[], %(payloads)s::jsonb[])
-         AS e(seq, type, payload)
-    WHERE EXISTS (
-        SELECT 1 FROM {schema}.agent_run
-        WHERE id = %(run_id)s AND claim_token = %(claim_token)s AND status = 'running')
-    RETURNING 1
+    SELECT e.run_id, e.seq, e.type, e.payload
+    FROM unnest(%(runs)s::uuid[], %(tokens)s::uuid[], %(seqs)s::integer[], %(types)s::text[],
+                %(payloads)s::jsonb[]) AS e(run_id, token, seq, type, payload)
+    JOIN {schema}.agent_run a
+      ON a.id = e.run_id AND a.claim_token = e.token AND a.status = 'running'
+    RETURNING run_id
 )
-SELECT count(*) AS written,
-       CASE WHEN count(*) > 0 THEN pg_notify(%(events_channel)s, '') END AS notified
-FROM ins
+SELECT run_id, pg_notify(%(events_prefix)s || replace(run_id::text, '-', ''), '')
+FROM (SELECT DISTINCT run_id FROM ins) landed
+
+-- name: append_events_quiet
+-- The same, without the NOTIFY (for measuring what the NOTIFY costs; tails then poll).
+WITH ins AS (
+    INSERT INTO {schema}.run_event (run_id, seq, type, payload)
+    SELECT e.run_id, e.seq, e.type, e.payload
+    FROM unnest(%(runs)s::uuid[], %(tokens)s::uuid[], %(seqs)s::integer[], %(types)s::text[],
+                %(payloads)s::jsonb[]) AS e(run_id, token, seq, type, payload)
+    JOIN {schema}.agent_run a
+      ON a.id = e.run_id AND a.claim_token = e.token AND a.status = 'running'
+    RETURNING run_id
+)
+SELECT DISTINCT run_id, NULL FROM ins
 
 -- name: write_message
 -- A fenced transcript write by the claim holder.

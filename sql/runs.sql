@@ -80,27 +80,32 @@ SELECT cancel_requested FROM {schema}.agent_run
 WHERE id = %(run_id)s AND claim_token = %(claim_token)s AND status = 'running'
 
 -- name: finalize
--- The worker's terminal write: pending journal rows, the terminal event, a partial
--- answer if the turn was cut short, the status, and the wakes, all or nothing.
--- Zero rows means someone else already ended this run: stand down.
-WITH fin AS (
-    UPDATE {schema}.agent_run SET
-        status      = %(status)s,
-        error       = %(error)s::jsonb,
-        finished_at = now()
-    WHERE id = %(run_id)s AND claim_token = %(claim_token)s AND status = 'running'
-    RETURNING id, conversation_id
+-- Terminal writes of one or more runs: pending journal rows, the terminal event, a
+-- partial answer where a turn was cut short, the status, and the wakes, all or nothing.
+-- A run missing from the result was already ended by someone else: stand down.
+WITH f AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(statuses)s::text[],
+                         %(errors)s::jsonb[], %(partials)s::text[])
+             AS f(id, token, status, error, partial)
+), fin AS (
+    UPDATE {schema}.agent_run a SET status = f.status, error = f.error, finished_at = now()
+    FROM f
+    WHERE a.id = f.id AND a.claim_token = f.token AND a.status = 'running'
+    RETURNING a.id, a.conversation_id, f.partial
 ), partial AS (
     INSERT INTO {schema}.message (conversation_id, run_id, role, content, status)
-    SELECT fin.conversation_id, fin.id, 'assistant', to_jsonb(%(partial_text)s::text), 'partial'
-    FROM fin WHERE %(partial_text)s::text IS NOT NULL
+    SELECT fin.conversation_id, fin.id, 'assistant', to_jsonb(fin.partial), 'partial'
+    FROM fin WHERE fin.partial IS NOT NULL
 ), ev AS (
     INSERT INTO {schema}.run_event (run_id, seq, type, payload)
-    SELECT fin.id, e.seq, e.type, e.payload
-    FROM fin, unnest(%(seqs)s::integer[], %(types)s::text[], %(payloads)s::jsonb[])
-              AS e(seq, type, payload)
+    SELECT e.run_id, e.seq, e.type, e.payload
+    FROM unnest(%(ev_runs)s::uuid[], %(ev_seqs)s::integer[], %(ev_types)s::text[],
+                %(ev_payloads)s::jsonb[]) AS e(run_id, seq, type, payload)
+    JOIN fin ON fin.id = e.run_id
 )
-SELECT fin.id, pg_notify(%(wake_channel)s, ''), pg_notify(%(events_channel)s, '')
+SELECT fin.id,
+       pg_notify(%(events_prefix)s || replace(fin.id::text, '-', ''), ''),
+       pg_notify(%(wake_channel)s, '')
 FROM fin
 
 -- name: reap_candidates

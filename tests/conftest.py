@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from typing import TYPE_CHECKING
 
 import psycopg
 import pytest
@@ -21,6 +21,9 @@ from pytest_postgresql.janitor import DatabaseJanitor
 
 import runrow
 from runrow.embedded import EmbeddedPostgres
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Iterator
 
 
 @pytest.fixture(scope="session")

@@ -23,14 +23,17 @@ async def counts(conn: psycopg.AsyncConnection, schema: str) -> dict[str, int]:
     return {t: await count(conn, schema, t) for t in ("message", "agent_run", "run_event")}
 
 
-async def rows(conn: psycopg.AsyncConnection, query: sql.Composable, params: Any = None) -> list[tuple[Any, ...]]:
+async def rows(
+    conn: psycopg.AsyncConnection, query: sql.Composable, params: Any = None
+) -> list[tuple[Any, ...]]:
     cur = await conn.execute(query, params)
     return await cur.fetchall()
 
 
 async def events(conn: psycopg.AsyncConnection, schema: str, run_id: Any) -> list[tuple[int, str, Any]]:
     q = sql.SQL("SELECT seq, type, payload FROM {} WHERE run_id = %s ORDER BY seq").format(
-        table(schema, "run_event"))
+        table(schema, "run_event")
+    )
     return [(r[0], r[1], r[2]) for r in await rows(conn, q, (run_id,))]
 
 

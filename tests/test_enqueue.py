@@ -19,13 +19,20 @@ from .helpers import count, counts, events, run_row, table
 pytestmark = pytest.mark.anyio
 
 
-async def test_enqueue_writes_message_run_events_and_wake(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
+async def test_enqueue_writes_message_run_events_and_wake(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
     wake = Channels.for_schema(schema).wake
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as listener:
         await listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(wake)))
         run = await runrow.enqueue(
-            dsn, schema=schema, conversation_id="c1", user_id="u1",
-            content={"text": "hello"}, tenant_id="t1", request={"model": "fake"},
+            dsn,
+            schema=schema,
+            conversation_id="c1",
+            user_id="u1",
+            content={"text": "hello"},
+            tenant_id="t1",
+            request={"model": "fake"},
         )
         got = []
         async for n in listener.notifies(timeout=5, stop_after=1):
@@ -36,39 +43,51 @@ async def test_enqueue_writes_message_run_events_and_wake(dsn: str, schema: str,
     assert (row["user_id"], row["tenant_id"], row["request"]) == ("u1", "t1", {"model": "fake"})
     assert row["claim_token"] is None and row["started_at"] is None
     assert [(s, t) for s, t, _ in await events(conn, schema, run.id)] == [
-        (1, "user_message_created"), (2, "run_queued")]
+        (1, "user_message_created"),
+        (2, "run_queued"),
+    ]
     cur = await conn.execute(
-        sql.SQL("SELECT role, content, status, run_id FROM {} WHERE id = %s").format(table(schema, "message")),
-        (run.user_message_id,))
+        sql.SQL("SELECT role, content, status, run_id FROM {} WHERE id = %s").format(
+            table(schema, "message")
+        ),
+        (run.user_message_id,),
+    )
     assert await cur.fetchone() == ("user", {"text": "hello"}, "sent", run.id)
 
 
-async def test_enqueue_joins_callers_transaction_commit(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
+async def test_enqueue_joins_callers_transaction_commit(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
     await conn.execute(sql.SQL("CREATE TABLE {} (note text)").format(table(schema, "host_note")))
-    async with await psycopg.AsyncConnection.connect(dsn) as host:
-        async with host.transaction():
-            await host.execute(sql.SQL("INSERT INTO {} VALUES ('mine')").format(table(schema, "host_note")))
-            run = await runrow.enqueue(host, schema=schema, conversation_id="c", user_id="u", content="hi")
-            # Not visible to anyone else before the host commits.
-            assert await count(conn, schema, "agent_run") == 0
+    async with await psycopg.AsyncConnection.connect(dsn) as host, host.transaction():
+        await host.execute(sql.SQL("INSERT INTO {} VALUES ('mine')").format(table(schema, "host_note")))
+        run = await runrow.enqueue(host, schema=schema, conversation_id="c", user_id="u", content="hi")
+        # Not visible to anyone else before the host commits.
+        assert await count(conn, schema, "agent_run") == 0
     assert await count(conn, schema, "agent_run") == 1
     assert await count(conn, schema, "host_note") == 1
     assert (await run_row(conn, schema, run.id))["status"] == "queued"
 
 
-async def test_enqueue_rolls_back_with_callers_transaction(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
+async def test_enqueue_rolls_back_with_callers_transaction(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
     await conn.execute(sql.SQL("CREATE TABLE {} (note text)").format(table(schema, "host_note")))
     async with await psycopg.AsyncConnection.connect(dsn) as host:
         with pytest.raises(RuntimeError, match="host changed its mind"):
             async with host.transaction():
-                await host.execute(sql.SQL("INSERT INTO {} VALUES ('mine')").format(table(schema, "host_note")))
+                await host.execute(
+                    sql.SQL("INSERT INTO {} VALUES ('mine')").format(table(schema, "host_note"))
+                )
                 await runrow.enqueue(host, schema=schema, conversation_id="c", user_id="u", content="hi")
                 raise RuntimeError("host changed its mind")
     assert await counts(conn, schema) == {"message": 0, "agent_run": 0, "run_event": 0}
     assert await count(conn, schema, "host_note") == 0
 
 
-async def test_killed_transaction_leaves_nothing(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
+async def test_killed_transaction_leaves_nothing(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
     """The session dies after the enqueue statement ran but before commit: nothing visible."""
     victim = await psycopg.AsyncConnection.connect(dsn)
     try:
@@ -84,11 +103,13 @@ async def test_killed_transaction_leaves_nothing(dsn: str, schema: str, conn: ps
 
 async def test_failure_midway_writes_nothing(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
     """A failure after some rows were inserted (here: the journal's second event) undoes all."""
-    await conn.execute(sql.SQL("""
+    await conn.execute(
+        sql.SQL("""
         CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$
         BEGIN IF NEW.seq = 2 THEN RAISE EXCEPTION 'injected failure'; END IF; RETURN NEW; END $$;
         CREATE TRIGGER fail_second BEFORE INSERT ON {t} FOR EACH ROW EXECUTE FUNCTION {fn}();
-    """).format(fn=sql.Identifier(schema, "fail_second"), t=table(schema, "run_event")))
+    """).format(fn=sql.Identifier(schema, "fail_second"), t=table(schema, "run_event"))
+    )
     with pytest.raises(psycopg.errors.RaiseException, match="injected failure"):
         await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="hi")
     assert await counts(conn, schema) == {"message": 0, "agent_run": 0, "run_event": 0}
@@ -96,21 +117,28 @@ async def test_failure_midway_writes_nothing(dsn: str, schema: str, conn: psycop
 
 async def test_enqueue_through_a_pool(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
     async with AsyncConnectionPool(dsn, min_size=1, max_size=2, open=False) as pool:
-        runs = [await runrow.enqueue(pool, schema=schema, conversation_id="c", user_id="u", content=i)
-                for i in range(3)]
+        runs = [
+            await runrow.enqueue(pool, schema=schema, conversation_id="c", user_id="u", content=i)
+            for i in range(3)
+        ]
     assert len({r.id for r in runs}) == 3
     assert await counts(conn, schema) == {"message": 3, "agent_run": 3, "run_event": 6}
 
 
-async def test_idempotent_enqueue_under_a_20_way_race(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
+async def test_idempotent_enqueue_under_a_20_way_race(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
     results: list[runrow.Run] = []
     conns = [await psycopg.AsyncConnection.connect(dsn, autocommit=True) for _ in range(20)]
     start = anyio.Event()
 
     async def one(c: psycopg.AsyncConnection) -> None:
         await start.wait()
-        results.append(await runrow.enqueue(
-            c, schema=schema, conversation_id="c", user_id="u", content="same", idempotency_key="k-1"))
+        results.append(
+            await runrow.enqueue(
+                c, schema=schema, conversation_id="c", user_id="u", content="same", idempotency_key="k-1"
+            )
+        )
 
     try:
         async with anyio.create_task_group() as tg:
@@ -128,9 +156,15 @@ async def test_idempotent_enqueue_under_a_20_way_race(dsn: str, schema: str, con
 
 
 async def test_idempotency_key_is_per_user(dsn: str, schema: str) -> None:
-    a = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="ann", content="x", idempotency_key="k")
-    b = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="bob", content="x", idempotency_key="k")
-    again = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="ann", content="y", idempotency_key="k")
+    a = await runrow.enqueue(
+        dsn, schema=schema, conversation_id="c", user_id="ann", content="x", idempotency_key="k"
+    )
+    b = await runrow.enqueue(
+        dsn, schema=schema, conversation_id="c", user_id="bob", content="x", idempotency_key="k"
+    )
+    again = await runrow.enqueue(
+        dsn, schema=schema, conversation_id="c", user_id="ann", content="y", idempotency_key="k"
+    )
     assert a.id != b.id and again.id == a.id and not again.created
 
 
@@ -158,7 +192,9 @@ BAD_INPUTS = [
 ]
 
 
-@pytest.mark.parametrize(("override", "field"), BAD_INPUTS, ids=[f"{f}-{i}" for i, (_, f) in enumerate(BAD_INPUTS)])
+@pytest.mark.parametrize(
+    ("override", "field"), BAD_INPUTS, ids=[f"{f}-{i}" for i, (_, f) in enumerate(BAD_INPUTS)]
+)
 async def test_bad_input_is_typed_and_writes_nothing(
     dsn: str, schema: str, conn: psycopg.AsyncConnection, override: dict[str, object], field: str
 ) -> None:
@@ -170,23 +206,35 @@ async def test_bad_input_is_typed_and_writes_nothing(
     assert await counts(conn, schema) == {"message": 0, "agent_run": 0, "run_event": 0}
 
 
-async def test_escaped_backslash_u0000_text_is_not_a_nul(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
-    run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="a literal \\u0000")
-    cur = await conn.execute(sql.SQL("SELECT content FROM {} WHERE id = %s").format(table(schema, "message")),
-                             (run.user_message_id,))
+async def test_escaped_backslash_u0000_text_is_not_a_nul(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    run = await runrow.enqueue(
+        dsn, schema=schema, conversation_id="c", user_id="u", content="a literal \\u0000"
+    )
+    cur = await conn.execute(
+        sql.SQL("SELECT content FROM {} WHERE id = %s").format(table(schema, "message")),
+        (run.user_message_id,),
+    )
     assert await cur.fetchone() == ("a literal \\u0000",)
 
 
 async def test_size_limit_is_configurable(dsn: str, schema: str) -> None:
     with pytest.raises(runrow.InvalidInput, match="limit of 10 bytes"):
-        await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x" * 20, max_content_bytes=10)
-    run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x" * 20, max_content_bytes=100)
+        await runrow.enqueue(
+            dsn, schema=schema, conversation_id="c", user_id="u", content="x" * 20, max_content_bytes=10
+        )
+    run = await runrow.enqueue(
+        dsn, schema=schema, conversation_id="c", user_id="u", content="x" * 20, max_content_bytes=100
+    )
     assert run.created
 
 
 async def test_unknown_schema_names_the_fix(dsn: str) -> None:
     with pytest.raises(runrow.SchemaOutOfDate, match="runrow migrate") as info:
-        await runrow.enqueue(dsn, schema=f"missing_{uuid.uuid4().hex[:6]}", conversation_id="c", user_id="u", content="x")
+        await runrow.enqueue(
+            dsn, schema=f"missing_{uuid.uuid4().hex[:6]}", conversation_id="c", user_id="u", content="x"
+        )
     assert info.value.found is None
 
 

@@ -18,11 +18,15 @@ from .helpers import table
 pytestmark = pytest.mark.anyio
 
 
-async def test_fresh_schema_reaches_latest_and_rerun_is_a_noop(dsn: str, schema_name: str, conn: psycopg.AsyncConnection) -> None:
+async def test_fresh_schema_reaches_latest_and_rerun_is_a_noop(
+    dsn: str, schema_name: str, conn: psycopg.AsyncConnection
+) -> None:
     try:
         assert await runrow.migrate(dsn, schema=schema_name) == list(range(1, runrow.latest_version() + 1))
         assert await runrow.migrate(dsn, schema=schema_name) == []
-        cur = await conn.execute(sql.SQL("SELECT version FROM {}").format(table(schema_name, "schema_version")))
+        cur = await conn.execute(
+            sql.SQL("SELECT version FROM {}").format(table(schema_name, "schema_version"))
+        )
         assert [r[0] for r in await cur.fetchall()] == list(range(1, runrow.latest_version() + 1))
     finally:
         await conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema_name)))
@@ -39,17 +43,20 @@ async def test_awkward_schema_names_are_quoted(dsn: str, conn: psycopg.AsyncConn
 
 
 def test_concurrent_migrate_from_four_processes(dsn: str, schema_name: str) -> None:
-    code = (
-        "import asyncio, sys, runrow;"
-        "print(asyncio.run(runrow.migrate(sys.argv[1], schema=sys.argv[2])))"
-    )
-    procs = [subprocess.Popen([sys.executable, "-c", code, dsn, schema_name],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(4)]
+    code = "import asyncio, sys, runrow;print(asyncio.run(runrow.migrate(sys.argv[1], schema=sys.argv[2])))"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, dsn, schema_name],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
     outs = [p.communicate(timeout=60) for p in procs]
     try:
         assert [p.returncode for p in procs] == [0, 0, 0, 0], [e for _, e in outs]
-        applied = [eval(o.strip()) for o, _ in outs]  # noqa: S307 - our own printed lists
+        applied = [eval(o.strip()) for o, _ in outs]
         # Every version applied exactly once, by whichever process got there first.
         flat = sorted(v for lst in applied for v in lst)
         assert flat == list(range(1, runrow.latest_version() + 1))
@@ -58,7 +65,9 @@ def test_concurrent_migrate_from_four_processes(dsn: str, schema_name: str) -> N
             c.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema_name)))
 
 
-async def test_out_of_date_schema_is_reported_with_the_fix(dsn: str, schema_name: str, conn: psycopg.AsyncConnection, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_out_of_date_schema_is_reported_with_the_fix(
+    dsn: str, schema_name: str, conn: psycopg.AsyncConnection, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Pretend this runrow knows one more migration than the database has.
     real = _sql.migrations()
     extra = (*real, (len(real) + 1, "future", "SELECT 1"))

@@ -52,7 +52,9 @@ def test_migrations_are_numbered_without_gaps() -> None:
 def test_wheel_carries_every_sql_file(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(tmp_path), str(ROOT)],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert out.returncode == 0, out.stderr[-2000:]
     (wheel,) = tmp_path.glob("runrow-*.whl")

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from ._db import Database
 from ._models import Draft, Message, Run, RunInfo, RunStatus, StopResult
+from .dispatcher import Dispatcher, DrainReport
 from .enqueue import enqueue, retry_run
 from .errors import (
     ConfigurationError,
@@ -13,26 +16,48 @@ from .errors import (
     RunrowError,
     SchemaOutOfDate,
 )
+from .hub import NotifyHub
+from .journal import Event, tail
 from .migrate import latest_version, migrate
+from .queries import QueueStats, get_run, list_runs, queue_stats, transcript
+from .retention import TrimResult, trim
+from .run import Agent, RunContext
+from .stop import cancel_run, stop_conversation
 
 __all__ = [
+    "Agent",
     "ConfigurationError",
     "Database",
+    "Dispatcher",
     "Draft",
+    "DrainReport",
+    "Event",
     "InvalidInput",
     "LeaseLost",
     "Message",
+    "NotifyHub",
+    "QueueStats",
     "Run",
+    "RunContext",
     "RunInfo",
     "RunNotFound",
     "RunStatus",
     "RunrowError",
     "SchemaOutOfDate",
     "StopResult",
+    "TrimResult",
+    "cancel_run",
     "enqueue",
+    "get_run",
     "latest_version",
+    "list_runs",
     "migrate",
+    "queue_stats",
     "retry_run",
+    "stop_conversation",
+    "tail",
+    "transcript",
+    "trim",
 ]
 
 __version__ = "0.1.0.dev0"
@@ -41,8 +66,6 @@ __version__ = "0.1.0.dev0"
 for _name in __all__:
     _obj = globals()[_name]
     if hasattr(_obj, "__module__") and getattr(_obj, "__module__", "").startswith("runrow."):
-        try:
+        with contextlib.suppress(AttributeError, TypeError):
             _obj.__module__ = "runrow"
-        except (AttributeError, TypeError):
-            pass
 del _name, _obj

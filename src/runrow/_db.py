@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import TypeAlias
+from typing import TYPE_CHECKING, TypeAlias
 
 import psycopg
 from psycopg import AsyncConnection
@@ -14,12 +13,19 @@ from psycopg_pool import AsyncConnectionPool
 from . import _sql
 from .errors import InvalidInput, SchemaOutOfDate
 
-Database: TypeAlias = "str | AsyncConnectionPool[AsyncConnection] | AsyncConnection"
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+Database: TypeAlias = str | AsyncConnectionPool[AsyncConnection] | AsyncConnection
 """Where runrow finds the database: a conninfo string, a pool or an open connection."""
 
 # Errors that mean "the tables runrow expects are not there".
-MISSING_SCHEMA = (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName,
-            psycopg.errors.UndefinedColumn, psycopg.errors.UndefinedFunction)
+MISSING_SCHEMA = (
+    psycopg.errors.UndefinedTable,
+    psycopg.errors.InvalidSchemaName,
+    psycopg.errors.UndefinedColumn,
+    psycopg.errors.UndefinedFunction,
+)
 
 
 @asynccontextmanager
@@ -44,8 +50,9 @@ async def atomic(db: Database) -> AsyncIterator[AsyncConnection]:
             yield conn
     else:
         raise InvalidInput(
-            "db", f"expected a conninfo string, an AsyncConnectionPool or an AsyncConnection, "
-            f"got {type(db).__name__}"
+            "db",
+            f"expected a conninfo string, an AsyncConnectionPool or an AsyncConnection, "
+            f"got {type(db).__name__}",
         )
 
 
@@ -70,8 +77,7 @@ async def statement_conn(db: Database) -> AsyncIterator[AsyncConnection]:
 async def schema_version(conn: AsyncConnection, schema: str) -> int | None:
     """The migration version of ``schema``, or None if it was never migrated."""
     table = psycopg.sql.Identifier(schema, "schema_version").as_string(conn)
-    cur = await conn.execute(_sql.statement("version_table_exists", schema),
-                             {"version_table": table})
+    cur = await conn.execute(_sql.statement("version_table_exists", schema), {"version_table": table})
     row = await cur.fetchone()
     if row is None or not row[0]:
         return None

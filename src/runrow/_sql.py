@@ -10,11 +10,14 @@ from __future__ import annotations
 import functools
 import importlib.resources
 import re
-from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from psycopg import sql
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 _NAME = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
 

@@ -22,11 +22,14 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Mapping
 from pathlib import Path
-from types import TracebackType
+from typing import TYPE_CHECKING
 
 from .errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from types import TracebackType
 
 __all__ = ["EmbeddedPostgres", "find_bin_dir"]
 
@@ -48,8 +51,12 @@ def _run_as_user() -> pwd.struct_passwd | None:
     )
 
 
-def _demote(user: pwd.struct_passwd | None) -> dict[str, int]:
-    return {} if user is None else {"user": user.pw_uid, "group": user.pw_gid}
+def _uid(user: pwd.struct_passwd | None) -> int | None:
+    return None if user is None else user.pw_uid
+
+
+def _gid(user: pwd.struct_passwd | None) -> int | None:
+    return None if user is None else user.pw_gid
 
 
 def _candidates() -> list[Path]:
@@ -73,8 +80,11 @@ def find_bin_dir(user: pwd.struct_passwd | None = None) -> Path:
         if not ((cand / "postgres").is_file() and (cand / "initdb").is_file()):
             continue
         probe = subprocess.run(
-            [str(cand / "postgres"), "--version"], capture_output=True, check=False,
-            **_demote(user),  # type: ignore[arg-type]
+            [str(cand / "postgres"), "--version"],
+            capture_output=True,
+            check=False,
+            user=_uid(user),
+            group=_gid(user),
         )
         if probe.returncode == 0:
             return cand
@@ -167,7 +177,7 @@ class EmbeddedPostgres:
             for d in (self.base_dir, self.data_dir, self.socket_dir):
                 os.chown(d, self.user.pw_uid, self.user.pw_gid)
             probe = subprocess.run(
-                ["test", "-w", str(self.data_dir)], check=False, **_demote(self.user)  # type: ignore[arg-type]
+                ["test", "-w", str(self.data_dir)], check=False, user=_uid(self.user), group=_gid(self.user)
             )
             if probe.returncode != 0:
                 raise ConfigurationError(
@@ -179,10 +189,23 @@ class EmbeddedPostgres:
     def _initdb(self) -> None:
         assert self.bin_dir is not None
         out = subprocess.run(
-            [str(self.bin_dir / "initdb"), "-D", str(self.data_dir), "-U", "postgres",
-             "--auth=trust", "-E", "UTF8", "--no-locale", "--no-sync"],
-            capture_output=True, check=False, env={**os.environ, "LC_ALL": "C"},
-            **_demote(self.user),  # type: ignore[arg-type]
+            [
+                str(self.bin_dir / "initdb"),
+                "-D",
+                str(self.data_dir),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--no-locale",
+                "--no-sync",
+            ],
+            capture_output=True,
+            check=False,
+            env={**os.environ, "LC_ALL": "C"},
+            user=_uid(self.user),
+            group=_gid(self.user),
         )
         if out.returncode != 0:
             raise ConfigurationError(f"initdb failed:\n{out.stderr.decode(errors='replace')}")
@@ -212,18 +235,29 @@ class EmbeddedPostgres:
     def _spawn(self) -> None:
         assert self.bin_dir is not None
         args = [
-            str(self.bin_dir / "postgres"), "-D", str(self.data_dir),
-            "-p", str(self.port), "-k", str(self.socket_dir),
-            "-c", f"listen_addresses={'127.0.0.1' if self.tcp else ''}",
+            str(self.bin_dir / "postgres"),
+            "-D",
+            str(self.data_dir),
+            "-p",
+            str(self.port),
+            "-k",
+            str(self.socket_dir),
+            "-c",
+            f"listen_addresses={'127.0.0.1' if self.tcp else ''}",
         ]
         for key, value in self.settings.items():
             args += ["-c", f"{key}={value}"]
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         try:
             self.proc = subprocess.Popen(
-                args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                preexec_fn=_pdeathsig, env={**os.environ, "LC_ALL": "C"},  # noqa: PLW1509
-                **_demote(self.user),  # type: ignore[arg-type]
+                args,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=_pdeathsig,
+                env={**os.environ, "LC_ALL": "C"},
+                user=_uid(self.user),
+                group=_gid(self.user),
             )
         finally:
             log.close()
@@ -280,7 +314,9 @@ class EmbeddedPostgres:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
         self.stop()

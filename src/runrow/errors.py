@@ -47,8 +47,10 @@ class SchemaOutOfDate(RunrowError):
                 f"runrow schema {schema!r} is at version {found}, newer than this runrow "
                 f"({expected}); upgrade the runrow package"
             )
-        fix = "" if found is not None and found > expected else (
-            f"; run `runrow migrate --schema {schema}` (or `await runrow.migrate(...)`)"
+        fix = (
+            ""
+            if found is not None and found > expected
+            else (f"; run `runrow migrate --schema {schema}` (or `await runrow.migrate(...)`)")
         )
         super().__init__(what + fix)
         self.schema = schema

@@ -59,10 +59,13 @@ async def _migrate(
             if version in done:
                 continue
             await conn.execute(_sql.render(text, schema))
-            await conn.execute(
-                _sql.statement("record_version", schema), {"version": version, "name": name}
-            )
+            await conn.execute(_sql.statement("record_version", schema), {"version": version, "name": name})
             applied_now.append(version)
-            log.info("applied migration %04d_%s to schema %s", version, name, schema,
-                     extra={"schema": schema, "version": version})
+            log.info(
+                "applied migration %04d_%s to schema %s",
+                version,
+                name,
+                schema,
+                extra={"schema": schema, "version": version},
+            )
     return applied_now

@@ -1,0 +1,99 @@
+"""Group commit: many runs' writes of one kind share one statement when they coincide.
+
+A lone write goes out at once (no waiting to fill a batch); writes that arrive while a
+statement is in flight ride the next one. So one run sees one round trip, and many
+runs cost one statement per round trip instead of one each. A batch that fails on an
+integrity error is retried item by item, so one run's conflict cannot fail another's.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+import anyio
+import psycopg
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class _Slot(Generic[R]):
+    __slots__ = ("done", "error", "result")
+
+    def __init__(self) -> None:
+        self.done = anyio.Event()
+        self.result: R | None = None
+        self.error: BaseException | None = None
+
+
+class GroupCommit(Generic[T, R]):
+    """Runs ``write(items) -> results`` (one result per item, in order) in batches."""
+
+    def __init__(
+        self, write: Callable[[list[T]], Awaitable[list[R]]], *, max_batch: int = 500, timeout: float = 30.0
+    ) -> None:
+        self._write = write
+        self._max_batch = max_batch
+        self._timeout = timeout
+        self._queue: list[tuple[T, _Slot[R]]] = []
+        self._kick = anyio.Event()
+        self.batches = 0
+        self.items = 0
+
+    async def submit(self, item: T) -> R:
+        """Queues ``item`` and waits for its result.
+
+        The wait is shielded: once handed over, a write either lands or fails as a
+        whole, and the caller must learn which (it decides what the run's seq is).
+        """
+        slot: _Slot[R] = _Slot()
+        self._queue.append((item, slot))
+        self._kick.set()
+        with anyio.CancelScope(shield=True):
+            with anyio.move_on_after(self._timeout + 5):
+                await slot.done.wait()
+        if not slot.done.is_set():
+            raise TimeoutError("database write did not finish in time")
+        if slot.error is not None:
+            raise slot.error
+        return slot.result  # type: ignore[return-value]
+
+    async def run(self) -> None:
+        """The writer loop; run it as a task for the lifetime of the owner."""
+        while True:
+            await self._kick.wait()
+            self._kick = anyio.Event()
+            while self._queue:
+                batch = self._queue[: self._max_batch]
+                del self._queue[: self._max_batch]
+                with anyio.CancelScope(shield=True):
+                    await self._flush(batch)
+
+    async def _flush(self, batch: list[tuple[T, _Slot[R]]]) -> None:
+        self.batches += 1
+        self.items += len(batch)
+        try:
+            with anyio.fail_after(self._timeout):
+                results = await self._write([item for item, _ in batch])
+        except psycopg.IntegrityError as exc:
+            if len(batch) == 1:
+                self._fail(batch, exc)
+            else:
+                for one in batch:
+                    await self._flush([one])
+            return
+        except Exception as exc:
+            self._fail(batch, exc)
+            return
+        for (_, slot), result in zip(batch, results, strict=True):
+            slot.result = result
+            slot.done.set()
+
+    @staticmethod
+    def _fail(batch: list[tuple[T, _Slot[R]]], exc: BaseException) -> None:
+        for _, slot in batch:
+            slot.error = exc
+            slot.done.set()

@@ -1,0 +1,731 @@
+"""Dispatcher: claims runs, runs the host's agent on them, and keeps the guarantees.
+
+* Slots before claims: a process with no free slot never claims; one claim statement
+  takes up to as many runs as there are free slots (at most one per conversation).
+* A lease, rolled forward by one batched heartbeat for all of this process's runs.
+* Every write is fenced by the claim token and ``status = 'running'``; a write that
+  matches nothing means the claim is lost and the run's agent is stopped at once.
+* A reaper on every dispatcher (and a sweep at start) fails runs whose lease lapsed
+  more than ``grace`` ago, re-checking the expiry inside its own write. Nothing is
+  ever re-run automatically (at-most-once).
+* Every terminal path wakes the queue, so a conversation's next turn starts at once.
+* ``stop()`` drains: it stops claiming within milliseconds, lets in-flight runs finish
+  within the budget, then cancels the rest.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import anyio
+import psycopg
+from psycopg import AsyncConnection
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from . import _json, _sql
+from ._db import require_schema, statement_conn
+from ._groupcommit import GroupCommit
+from ._names import DEFAULT_SCHEMA, Channels, check_schema
+from .errors import ConfigurationError, InvalidInput, LeaseLost
+from .hub import NotifyHub
+from .journal import DEFAULT_MAX_EVENT_BYTES, AppendItem, JournalWriter
+from .run import Agent, RunContext
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from types import TracebackType
+
+    from anyio.abc import TaskGroup
+
+__all__ = ["Dispatcher", "DrainReport"]
+
+log = logging.getLogger("runrow.dispatcher")
+
+_Reason = Literal["cancel", "drain", "lost"]
+# (run_id, token, status, error_json, answer_text, rows)
+_FinalItem = tuple[uuid.UUID, uuid.UUID, str, str | None, str | None, list[tuple[int, str, str]]]
+
+
+@dataclass(frozen=True, slots=True)
+class DrainReport:
+    """What :meth:`Dispatcher.stop` did with the runs in flight when it was called."""
+
+    finished: list[uuid.UUID] = field(default_factory=list)
+    """Runs that reached a terminal state during the drain budget."""
+    interrupted: list[uuid.UUID] = field(default_factory=list)
+    """Runs cancelled when the budget ran out and recorded ``failed`` (worker_shutdown)."""
+    left_for_reaper: list[uuid.UUID] = field(default_factory=list)
+    """Runs whose ending could not be recorded; the reaper fails them after lease + grace."""
+
+
+class _Waker:
+    """A level-triggered wake-up: set() from anywhere, wait(timeout) in the claim loop."""
+
+    def __init__(self) -> None:
+        self._event = anyio.Event()
+
+    def set(self) -> None:
+        self._event.set()
+
+    def clear(self) -> None:
+        if self._event.is_set():
+            self._event = anyio.Event()
+
+    async def wait(self, timeout: float) -> None:
+        with anyio.move_on_after(timeout):
+            await self._event.wait()
+        self.clear()
+
+
+class _Active:
+    """One claimed run in this process."""
+
+    __slots__ = ("ctx", "finishing", "id", "journal", "lease_deadline", "reason", "scope", "token")
+
+    def __init__(self, run_id: uuid.UUID, token: uuid.UUID, lease_deadline: float) -> None:
+        self.id = run_id
+        self.token = token
+        self.scope = anyio.CancelScope()
+        self.reason: _Reason | None = None
+        self.finishing = False
+        self.lease_deadline = lease_deadline
+        self.journal: JournalWriter | None = None
+        self.ctx: RunContext | None = None
+
+
+class Dispatcher:
+    """Runs ``agent`` for claimed runs. Use as ``async with Dispatcher(db, agent) as d:``.
+
+    ``db`` is a conninfo string (the dispatcher opens its own pool) or an
+    ``AsyncConnectionPool`` (whose conninfo the hub also uses for its direct LISTEN
+    connection; pass ``hub=`` to share one hub or ``notifications=False`` to poll only).
+
+    Timing options are seconds: ``lease`` (30) is how long a claim lives without a
+    heartbeat, ``heartbeat`` (10) how often it is renewed (well under the lease),
+    ``grace`` (30) how long past its lease a run is given before the reaper fails it,
+    ``poll`` (10) the idle claim tick when no wake-up arrives (the ceiling with a hub,
+    the latency without one), ``reap_interval`` (defaults to ``poll``) the reaper's tick,
+    and ``flush_interval`` (0.25) the journal's text-merging clock.
+    """
+
+    def __init__(
+        self,
+        db: str | AsyncConnectionPool[AsyncConnection],
+        agent: Agent,
+        *,
+        schema: str = DEFAULT_SCHEMA,
+        concurrency: int = 8,
+        lease: float = 30.0,
+        heartbeat: float = 10.0,
+        grace: float = 30.0,
+        poll: float = 10.0,
+        reap_interval: float | None = None,
+        flush_interval: float = 0.25,
+        worker_id: str | None = None,
+        hub: NotifyHub | None = None,
+        notifications: bool = True,
+        finalize_timeout: float = 10.0,
+        max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+    ) -> None:
+        check_schema(schema)
+        if not callable(agent):
+            raise InvalidInput("agent", "must be an async callable taking a RunContext")
+        if not isinstance(concurrency, int) or concurrency < 1:
+            raise ConfigurationError("concurrency must be a positive integer")
+        for name, value in (
+            ("lease", lease),
+            ("heartbeat", heartbeat),
+            ("grace", grace),
+            ("poll", poll),
+            ("flush_interval", flush_interval),
+            ("finalize_timeout", finalize_timeout),
+        ):
+            if not value > 0:
+                raise ConfigurationError(f"{name} must be positive, got {value!r}")
+        if heartbeat > lease / 2:
+            raise ConfigurationError(
+                f"heartbeat ({heartbeat}s) must be at most half the lease ({lease}s), so one "
+                "late heartbeat does not cost the claim"
+            )
+        if worker_id is not None:
+            _json.check_id(worker_id, "worker_id")
+        self.agent = agent
+        self.schema = schema
+        self.concurrency = concurrency
+        self.lease = lease
+        self.heartbeat = heartbeat
+        self.grace = grace
+        self.poll = poll
+        self.reap_interval = reap_interval if reap_interval is not None else poll
+        self.flush_interval = flush_interval
+        self.finalize_timeout = finalize_timeout
+        self.max_event_bytes = max_event_bytes
+        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.channels = Channels.for_schema(schema)
+        self._db = db
+        self._owns_pool = isinstance(db, str)
+        self._pool: AsyncConnectionPool[AsyncConnection] | None = None if isinstance(db, str) else db
+        self._hub = hub
+        self._owns_hub = hub is None and notifications
+        self._notifications = notifications
+        self._active: dict[uuid.UUID, _Active] = {}
+        self._slots = anyio.Semaphore(concurrency)
+        self._waker = _Waker()
+        self._idle = anyio.Event()
+        self._idle.set()
+        self._tg: TaskGroup | None = None
+        self._claim_scope = anyio.CancelScope()
+        self._claim_done = anyio.Event()
+        self._stopping = False
+        self._report: DrainReport | None = None
+        self._unrecorded: set[uuid.UUID] = set()  # runs whose ending we could not write
+        self._appender: GroupCommit[AppendItem, bool] = GroupCommit(self._append_batch)
+        self._finalizer: GroupCommit[_FinalItem, bool] = GroupCommit(self._finalize_batch)
+        self._queries = {
+            name: _sql.statement(name, schema)
+            for name in (
+                "claim",
+                "heartbeat",
+                "cancel_flag",
+                "finalize",
+                "reap_candidates",
+                "reap",
+                "append_events",
+            )
+        }
+        # Counters a host (or the metrics module) can read.
+        self.stats: dict[str, int] = dict.fromkeys(
+            ("claimed", "completed", "failed", "cancelled", "reaped", "lost", "claim_conflicts", "claims"), 0
+        )
+
+    # -- public surface ---------------------------------------------------------------
+
+    @property
+    def pool(self) -> AsyncConnectionPool[AsyncConnection]:
+        if self._pool is None:
+            raise RuntimeError("the dispatcher is not running")
+        return self._pool
+
+    @property
+    def hub(self) -> NotifyHub | None:
+        return self._hub
+
+    @property
+    def in_flight(self) -> list[uuid.UUID]:
+        """Ids of the runs this process is executing now."""
+        return list(self._active)
+
+    async def __aenter__(self) -> Dispatcher:
+        if isinstance(self._db, str):
+            self._pool = AsyncConnectionPool(
+                self._db,
+                min_size=1,
+                max_size=self.concurrency + 4,
+                open=False,
+                kwargs={"autocommit": True},
+                name=f"runrow-{self.worker_id}",
+            )
+            await self._pool.open(wait=True)
+        try:
+            async with statement_conn(self.pool) as conn:
+                await require_schema(conn, self.schema)
+            if self._owns_hub:
+                self._hub = NotifyHub(self._conninfo())
+                await self._hub.__aenter__()
+            self._tg = anyio.create_task_group()
+            await self._tg.__aenter__()
+        except BaseException:
+            await self._close_resources()
+            raise
+        self._tg.start_soon(self._appender.run)
+        self._tg.start_soon(self._finalizer.run)
+        self._tg.start_soon(self._heartbeat_loop)
+        self._tg.start_soon(self._reaper_loop)
+        if self._hub is not None:
+            await self._tg.start(self._forward_wakes)
+            await self._tg.start(self._watch_cancels)
+        self._tg.start_soon(self._claim_loop)
+        log.info(
+            "dispatcher %s started (concurrency %d)",
+            self.worker_id,
+            self.concurrency,
+            extra={"worker_id": self.worker_id},
+        )
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    async def stop(self, drain_timeout: float = 30.0) -> DrainReport:
+        """Drains and stops; idempotent (a second call returns the first report).
+
+        Phase 1 stops claiming (milliseconds). Phase 2 waits up to ``drain_timeout``
+        for in-flight runs to finish; whatever is still running is then cancelled and
+        recorded ``failed`` with ``worker_shutdown``, and any run whose ending could
+        not be written is listed in ``left_for_reaper``.
+        """
+        if self._report is not None:
+            return self._report
+        if self._tg is None:
+            self._report = DrainReport()
+            return self._report
+        self._stopping = True
+        self._claim_scope.cancel()
+        with anyio.move_on_after(self.lease / 2 + 1):
+            await self._claim_done.wait()  # a claim in flight finishes and its runs start
+        at_start = set(self._active)
+        with anyio.move_on_after(drain_timeout):
+            await self._idle.wait()
+        cut = list(self._active.values())
+        for a in cut:
+            self._cancel(a, "drain")
+        with anyio.move_on_after(self.finalize_timeout + 1):
+            await self._idle.wait()
+        stuck = {a.id for a in self._active.values()}
+        interrupted = [a.id for a in cut if a.id not in stuck and a.reason == "drain"]
+        self._report = DrainReport(
+            finished=sorted(at_start - {a.id for a in cut}),
+            interrupted=sorted(set(interrupted) - self._unrecorded),
+            left_for_reaper=sorted(stuck | (self._unrecorded & at_start)),
+        )
+        tg, self._tg = self._tg, None
+        tg.cancel_scope.cancel()
+        await tg.__aexit__(None, None, None)
+        await self._close_resources()
+        log.info(
+            "dispatcher %s stopped: %d finished, %d interrupted, %d left for the reaper",
+            self.worker_id,
+            len(self._report.finished),
+            len(self._report.interrupted),
+            len(self._report.left_for_reaper),
+            extra={"worker_id": self.worker_id},
+        )
+        return self._report
+
+    async def _close_resources(self) -> None:
+        # The hub's task group must exit in the scope it was entered in (no shield here).
+        if self._owns_hub and self._hub is not None and self._hub.running:
+            await self._hub.__aexit__(None, None, None)
+        if self._owns_pool and self._pool is not None:
+            with anyio.CancelScope(shield=True):
+                await self._pool.close()
+
+    def _conninfo(self) -> str:
+        if isinstance(self._db, str):
+            return self._db
+        conninfo = self.pool.conninfo
+        if not isinstance(conninfo, str):
+            raise ConfigurationError(
+                "the pool's conninfo is a callable; pass hub=NotifyHub(conninfo) explicitly"
+            )
+        return conninfo
+
+    # -- claiming ---------------------------------------------------------------------
+
+    async def _claim_loop(self) -> None:
+        try:
+            await self._claim_until_stopped()
+        finally:
+            self._claim_done.set()
+
+    async def _claim_until_stopped(self) -> None:
+        with self._claim_scope:
+            backoff = 0.05
+            while not self._stopping:
+                await self._slots.acquire()
+                want = 1
+                while want < self.concurrency and self._slots.value > 0:
+                    self._slots.acquire_nowait()
+                    want += 1
+                self._waker.clear()
+                try:
+                    # Shielded: a claim the server committed must reach us, or its runs
+                    # would sit "running" with no worker until the reaper failed them.
+                    with anyio.CancelScope(shield=True), anyio.fail_after(self.lease / 2):
+                        rows = await self._claim(want)
+                    backoff = 0.05
+                except psycopg.errors.UniqueViolation:
+                    # Another claimer won a conversation's turn: claim nothing this round.
+                    self.stats["claim_conflicts"] += 1
+                    rows = []
+                    self._waker.set()
+                except (psycopg.Error, OSError, TimeoutError) as exc:
+                    for _ in range(want):
+                        self._slots.release()
+                    log.warning("claim failed: %s", exc, extra={"worker_id": self.worker_id})
+                    await anyio.sleep(backoff)
+                    backoff = min(backoff * 2, self.poll)
+                    continue
+                for _ in range(want - len(rows)):
+                    self._slots.release()
+                assert self._tg is not None
+                for row in rows:
+                    self._tg.start_soon(self._execute, row)
+                if len(rows) < want:
+                    # Nothing more to claim now: park until a wake-up or the poll tick.
+                    await self._waker.wait(self.poll)
+
+    async def _claim(self, limit: int) -> list[dict[str, Any]]:
+        async with statement_conn(self.pool) as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(
+                self._queries["claim"],
+                {"limit": limit, "lease_seconds": self.lease, "worker_id": self.worker_id, "now": None},
+            )
+            rows = await cur.fetchall()
+        self.stats["claims"] += 1
+        self.stats["claimed"] += len(rows)
+        if rows:
+            self._idle = anyio.Event()
+        deadline = anyio.current_time() + self.lease
+        for row in rows:
+            self._active[row["id"]] = _Active(row["id"], row["claim_token"], deadline)
+        return rows
+
+    async def _forward_wakes(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        assert self._hub is not None
+        async with self._hub.subscribe(self.channels.wake) as sub:
+            task_status.started()
+            while True:
+                await sub.receive()
+                self._waker.set()
+
+    # -- running one run --------------------------------------------------------------
+
+    async def _execute(self, row: Mapping[str, Any]) -> None:
+        active = self._active[row["id"]]
+        try:
+            await self._execute_claimed(active, row)
+        finally:
+            self._active.pop(active.id, None)
+            self._slots.release()
+            self._waker.set()  # a slot is free, and this conversation's next turn may be ready
+            if not self._active:
+                self._idle.set()
+
+    async def _execute_claimed(self, active: _Active, row: Mapping[str, Any]) -> None:
+        run_id = active.id
+        journal = JournalWriter(
+            run_id,
+            active.token,
+            int(row["last_seq"]) + 1,
+            self._appender,
+            flush_interval=self.flush_interval,
+            max_event_bytes=self.max_event_bytes,
+            on_lost=lambda: self._lost(run_id),
+        )
+        ctx = RunContext(self, row, journal)
+        active.journal, active.ctx = journal, ctx
+        extra = {"run_id": str(run_id), "conversation_id": ctx.conversation_id, "worker_id": self.worker_id}
+        log.info("run %s started", run_id, extra=extra)
+        status: str | None = None
+        error: dict[str, Any] | None = None
+        async with anyio.create_task_group() as run_tg:
+            run_tg.start_soon(journal.run_flusher)
+            with active.scope:
+                try:
+                    await self.agent(ctx)
+                    status = "completed"
+                except LeaseLost:
+                    self._lost(run_id)
+                except Exception as exc:
+                    status = "failed"
+                    error = {"type": type(exc).__name__, "message": str(exc)[:2000]}
+            run_tg.cancel_scope.cancel()
+        if active.scope.cancelled_caught or (status is None and active.reason is not None):
+            if active.reason == "cancel":
+                status, error = "cancelled", None
+            elif active.reason == "drain":
+                status = "failed"
+                error = {"type": "worker_shutdown", "message": "the worker shut down before the run finished"}
+        if active.reason == "lost" or status is None:
+            self.stats["lost"] += 1
+            log.warning("run %s: claim lost, standing down without writing", run_id, extra=extra)
+            return
+        landed = await self._finalize(active, status, error)
+        if landed:
+            self.stats[status] += 1
+            log.info("run %s %s", run_id, status, extra={**extra, "status": status})
+        else:
+            log.warning(
+                "run %s: ending %s not recorded (claim lost or database unreachable)",
+                run_id,
+                status,
+                extra=extra,
+            )
+
+    async def _finalize(self, active: _Active, status: str, error: dict[str, Any] | None) -> bool:
+        """The fenced terminal write, shielded and bounded, retried on transient errors.
+
+        A retry after an ambiguous failure is safe: if the first attempt committed, the
+        fence makes the retry match nothing.
+        """
+        active.finishing = True
+        journal = active.journal
+        assert journal is not None
+        terminal: dict[str, Any] = {"status": status}
+        if error is not None:
+            terminal["error"] = error
+        if active.reason == "cancel":
+            terminal["reason"] = "stopped"
+        item: _FinalItem = (
+            active.id,
+            active.token,
+            status,
+            None if error is None else _json.dumps(error, "error"),
+            journal.answer_text,
+            journal.final_rows(terminal),
+        )
+        if journal.broken is not None and not isinstance(journal.broken, LeaseLost):
+            # A flush of unknown outcome: our seq numbering cannot be trusted. Let the
+            # reaper (max(seq)+1) record the ending.
+            self._unrecorded.add(active.id)
+            return False
+        with anyio.CancelScope(shield=True), anyio.move_on_after(self.finalize_timeout):
+            for attempt in range(3):
+                try:
+                    landed = await self._finalizer.submit(item)
+                except (psycopg.OperationalError, OSError, TimeoutError) as exc:
+                    log.warning("finalize of run %s failed (attempt %d): %s", active.id, attempt + 1, exc)
+                    await anyio.sleep(0.2 * (attempt + 1))
+                    continue
+                except psycopg.Error as exc:
+                    log.warning("finalize of run %s rejected: %s", active.id, exc)
+                    break
+                if not landed:
+                    self.stats["lost"] += 1
+                return landed
+        self._unrecorded.add(active.id)
+        return False
+
+    async def _append_batch(self, items: list[AppendItem]) -> list[bool]:
+        runs, tokens, seqs, types, payloads = [], [], [], [], []
+        for run_id, token, rows in items:
+            for seq, etype, payload in rows:
+                runs.append(run_id)
+                tokens.append(token)
+                seqs.append(seq)
+                types.append(etype)
+                payloads.append(payload)
+        async with statement_conn(self.pool) as conn:
+            cur = await conn.execute(
+                self._queries["append_events"],
+                {
+                    "runs": runs,
+                    "tokens": tokens,
+                    "seqs": seqs,
+                    "types": types,
+                    "payloads": payloads,
+                    "events_prefix": self.channels.events_prefix,
+                },
+            )
+            landed = {r[0] for r in await cur.fetchall()}
+        return [run_id in landed for run_id, _, _ in items]
+
+    async def _finalize_batch(self, items: list[_FinalItem]) -> list[bool]:
+        ev_runs, ev_seqs, ev_types, ev_payloads = [], [], [], []
+        for run_id, _, _, _, _, rows in items:
+            for seq, etype, payload in rows:
+                ev_runs.append(run_id)
+                ev_seqs.append(seq)
+                ev_types.append(etype)
+                ev_payloads.append(payload)
+        async with statement_conn(self.pool) as conn:
+            cur = await conn.execute(
+                self._queries["finalize"],
+                {
+                    "ids": [i[0] for i in items],
+                    "tokens": [i[1] for i in items],
+                    "statuses": [i[2] for i in items],
+                    "errors": [i[3] for i in items],
+                    "partials": [i[4] for i in items],
+                    "ev_runs": ev_runs,
+                    "ev_seqs": ev_seqs,
+                    "ev_types": ev_types,
+                    "ev_payloads": ev_payloads,
+                    "events_prefix": self.channels.events_prefix,
+                    "wake_channel": self.channels.wake,
+                },
+            )
+            landed = {r[0] for r in await cur.fetchall()}
+        return [i[0] in landed for i in items]
+
+    # -- losing a claim, cancelling ---------------------------------------------------
+
+    def _lost(self, run_id: uuid.UUID) -> None:
+        active = self._active.get(run_id)
+        if active is not None and not active.finishing:
+            self._cancel(active, "lost")
+
+    def _cancel(self, active: _Active, reason: _Reason) -> None:
+        if active.reason is None or reason == "lost":
+            active.reason = reason
+        if reason == "cancel" and active.ctx is not None:
+            active.ctx.cancel_requested = True
+        active.scope.cancel()
+
+    async def _watch_cancels(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        """The fast path of a stop: a NOTIFY with the run id, checked against the row."""
+        assert self._hub is not None
+        async with self._hub.subscribe(self.channels.cancel) as sub:
+            task_status.started()
+            while True:
+                payload = await sub.receive()
+                try:
+                    run_id = uuid.UUID(payload)
+                except ValueError:
+                    continue  # RECONNECTED or noise: the heartbeat re-reads every flag
+                active = self._active.get(run_id)
+                if active is None or active.finishing:
+                    continue
+                try:
+                    async with statement_conn(self.pool) as conn:
+                        cur = await conn.execute(
+                            self._queries["cancel_flag"], {"run_id": run_id, "claim_token": active.token}
+                        )
+                        row = await cur.fetchone()
+                except psycopg.Error as exc:
+                    log.warning("cancel check for run %s failed: %s", run_id, exc)
+                    continue
+                if row is not None and row[0]:
+                    self._cancel(active, "cancel")
+
+    # -- heartbeat and lease watchdog -------------------------------------------------
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await anyio.sleep(self.heartbeat)
+            with anyio.CancelScope(shield=True), anyio.move_on_after(self.heartbeat):
+                await self.beat()
+
+    async def beat(self) -> None:
+        """One heartbeat for every run in flight (also the cancel-flag fallback)."""
+        actives = [a for a in self._active.values() if not a.finishing]
+        now = anyio.current_time()
+        for a in actives:
+            if now > a.lease_deadline:
+                # Our lease has lapsed without a successful heartbeat: someone may have
+                # reaped the run. Stop doing side effects; the fence decides the rest.
+                log.warning(
+                    "run %s: lease lapsed without a heartbeat, standing down",
+                    a.id,
+                    extra={"run_id": str(a.id), "worker_id": self.worker_id},
+                )
+                self._cancel(a, "lost")
+        actives = [a for a in actives if a.reason != "lost"]
+        if not actives:
+            return
+        try:
+            async with statement_conn(self.pool) as conn:
+                cur = await conn.execute(
+                    self._queries["heartbeat"],
+                    {
+                        "ids": [a.id for a in actives],
+                        "tokens": [a.token for a in actives],
+                        "lease_seconds": self.lease,
+                        "now": None,
+                    },
+                )
+                alive = {r[0]: r[1] for r in await cur.fetchall()}
+        except (psycopg.Error, OSError) as exc:
+            log.warning("heartbeat failed: %s", exc, extra={"worker_id": self.worker_id})
+            return
+        for a in actives:
+            if a.id not in alive:
+                if not a.finishing:
+                    self._lost(a.id)
+            else:
+                a.lease_deadline = now + self.lease
+                if alive[a.id] and a.reason is None:
+                    self._cancel(a, "cancel")
+
+    # -- the reaper -------------------------------------------------------------------
+
+    async def _reaper_loop(self) -> None:
+        while True:
+            try:
+                with anyio.CancelScope(shield=True), anyio.fail_after(max(self.poll, 5.0)):
+                    await self.reap()
+            except (psycopg.Error, OSError, TimeoutError) as exc:
+                log.warning("reaper pass failed: %s", exc, extra={"worker_id": self.worker_id})
+            await anyio.sleep(self.reap_interval)
+
+    async def reap(self, *, now: Any = None, limit: int = 100) -> list[uuid.UUID]:
+        """One reaper pass; returns the ids it failed (or cancelled, if a stop was pending)."""
+        return await reap_expired(
+            self.pool,
+            schema=self.schema,
+            grace=self.grace,
+            now=now,
+            limit=limit,
+            on_reaped=self._count_reaped,
+        )
+
+    def _count_reaped(self, n: int) -> None:
+        self.stats["reaped"] += n
+        if n:
+            self._waker.set()
+
+
+async def reap_expired(
+    db: AsyncConnectionPool[AsyncConnection] | AsyncConnection | str,
+    *,
+    schema: str = DEFAULT_SCHEMA,
+    grace: float = 30.0,
+    now: Any = None,
+    limit: int = 100,
+    on_reaped: Any = None,
+) -> list[uuid.UUID]:
+    """Ends runs whose lease lapsed more than ``grace`` seconds ago (see :class:`Dispatcher`)."""
+    channels = Channels.for_schema(schema)
+    reaped: list[uuid.UUID] = []
+    while True:
+        async with statement_conn(db) as conn:
+            cur = await conn.execute(
+                _sql.statement("reap_candidates", schema),
+                {"now": now, "grace_seconds": grace, "limit": limit},
+            )
+            ids = [r[0] for r in await cur.fetchall()]
+        if not ids:
+            break
+        try:
+            async with statement_conn(db) as conn:
+                cur = await conn.execute(
+                    _sql.statement("reap", schema),
+                    {
+                        "ids": ids,
+                        "now": now,
+                        "grace_seconds": grace,
+                        "events_prefix": channels.events_prefix,
+                        "wake_channel": channels.wake,
+                    },
+                )
+                rows = await cur.fetchall()
+        except psycopg.errors.UniqueViolation:
+            # A dying worker's last append raced the terminal event; next pass wins.
+            break
+        for run_id, conversation_id, status, worker_id, _, _ in rows:
+            reaped.append(run_id)
+            log.warning(
+                "reaped run %s (worker %s lost): %s",
+                run_id,
+                worker_id,
+                status,
+                extra={"run_id": str(run_id), "conversation_id": conversation_id, "worker_id": worker_id},
+            )
+        if on_reaped is not None:
+            on_reaped(len(rows))
+        if len(ids) < limit:
+            break
+    return reaped

@@ -1,0 +1,311 @@
+"""The journal: a per-run event log written behind a fence and read from a cursor.
+
+Event vocabulary (``type`` plus payload keys):
+
+* ``user_message_created`` ``{"message_id"}`` — seq 1, written by enqueue.
+* ``run_queued`` ``{"run_id"}`` (``retry_of`` for a retry) — seq 2, written by enqueue.
+* ``content_delta`` ``{"delta": str, "stream"?: str}`` — streamed text. Consecutive
+  deltas with the same other keys are merged in memory and flushed on a clock.
+* anything else the agent emits (``tool_call_started``, ``tool_call_finished``,
+  ``message_done``, ...) is structural: it flushes pending text and is written at once.
+* ``complete`` ``{"status", "error"?, "reason"?}`` — the one terminal event, always last.
+  Only runrow writes it (the worker's finalize, the reaper or a stop).
+
+Seq is gap-free from 1: enqueue writes 1-2, the claim holder the rest, and a finaliser
+that is not the worker (reaper, stop) takes max+1 only after the status change has
+fenced the worker out.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from psycopg import AsyncConnection
+
+from . import _json, _sql
+from ._db import Database, statement_conn
+from ._models import TERMINAL
+from ._names import DEFAULT_SCHEMA, Channels, check_schema
+from .enqueue import parse_run_id
+from .errors import InvalidInput, LeaseLost, RunNotFound
+
+if TYPE_CHECKING:
+    from ._groupcommit import GroupCommit
+    from .hub import NotifyHub
+
+__all__ = ["CONTENT_DELTA", "TERMINAL_EVENT", "Event", "tail"]
+
+log = logging.getLogger("runrow.journal")
+
+CONTENT_DELTA = "content_delta"
+TERMINAL_EVENT = "complete"
+KEEPALIVE = "keepalive"
+DEFAULT_MAX_EVENT_BYTES = 256 * 1024
+
+# (run_id, claim_token, [(seq, type, payload_json), ...])
+AppendItem = tuple[uuid.UUID, uuid.UUID, list[tuple[int, str, str]]]
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One journal event as a tail yields it. ``seq`` is the resume cursor.
+
+    A keepalive (``type == "keepalive"``) carries the current cursor and no payload.
+    """
+
+    seq: int
+    type: str
+    payload: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def keepalive(self) -> bool:
+        return self.type == KEEPALIVE
+
+    @property
+    def terminal(self) -> bool:
+        return self.type == TERMINAL_EVENT
+
+    def to_dict(self) -> dict[str, Any]:
+        """The wire form: the payload with ``type`` and ``seq`` added."""
+        return {**self.payload, "type": self.type, "seq": self.seq}
+
+
+def validate_event(event: Mapping[str, Any], max_bytes: int) -> tuple[str, dict[str, Any]]:
+    """Splits an emitted event into its type and payload, or raises InvalidInput."""
+    if not isinstance(event, Mapping):
+        raise InvalidInput("event", f"must be a mapping, got {type(event).__name__}")
+    etype = event.get("type")
+    if not isinstance(etype, str) or not etype:
+        raise InvalidInput("event", "needs a non-empty string 'type'")
+    if etype in (TERMINAL_EVENT, KEEPALIVE):
+        raise InvalidInput("event", f"type {etype!r} is reserved for runrow")
+    payload = {k: v for k, v in event.items() if k != "type"}
+    if etype == CONTENT_DELTA and not isinstance(payload.get("delta"), str):
+        raise InvalidInput("event", "a content_delta needs a string 'delta'")
+    _json.dumps(payload, "event", max_bytes)  # serialisable, NUL-free, bounded
+    return etype, payload
+
+
+class JournalWriter:
+    """Writes one run's events: merges text deltas, flushes on a clock, fenced.
+
+    Owned by the dispatcher for the life of one claim.
+    """
+
+    def __init__(
+        self,
+        run_id: uuid.UUID,
+        claim_token: uuid.UUID,
+        next_seq: int,
+        appender: GroupCommit[AppendItem, bool],
+        *,
+        flush_interval: float,
+        max_event_bytes: int,
+        on_lost: Callable[[], None],
+    ) -> None:
+        self.run_id = run_id
+        self.claim_token = claim_token
+        self.next_seq = next_seq
+        self._appender = appender
+        self._interval = flush_interval
+        self._max_bytes = max_event_bytes
+        self._on_lost = on_lost
+        self._lock = anyio.Lock()
+        self._pending: dict[str, Any] | None = None
+        self._pending_key: str | None = None
+        self._pending_parts: list[str] = []
+        self._pending_since = 0.0
+        self._has_pending = anyio.Event()
+        self._answer: list[str] = []
+        self.broken: BaseException | None = None
+        self.rows_written = 0
+        self.flushes = 0
+        self.deltas = 0
+
+    # -- what the agent calls ---------------------------------------------------------
+
+    async def emit(self, event: Mapping[str, Any]) -> None:
+        etype, payload = validate_event(event, self._max_bytes)
+        self._check()
+        if etype != CONTENT_DELTA:
+            await self.flush(extra=(etype, payload))
+            return
+        self.deltas += 1
+        delta = payload.pop("delta")
+        key = json.dumps(payload, sort_keys=True, default=str)
+        if "stream" not in payload:
+            self._answer.append(delta)
+        if self._pending is not None and key != self._pending_key:
+            await self.flush()
+        if self._pending is None:
+            self._pending, self._pending_key = payload, key
+            self._pending_parts = [delta]
+            self._pending_since = anyio.current_time()
+            self._has_pending.set()
+        else:
+            self._pending_parts.append(delta)
+        if anyio.current_time() - self._pending_since >= self._interval:
+            await self.flush()
+
+    def answer_taken(self) -> None:
+        """The agent wrote its answer to the transcript: nothing partial to keep."""
+        self._answer.clear()
+
+    @property
+    def answer_text(self) -> str | None:
+        """Streamed default-stream text not yet written to the transcript, if any."""
+        return "".join(self._answer) or None
+
+    # -- flushing ---------------------------------------------------------------------
+
+    def _take_pending(self) -> list[tuple[str, dict[str, Any]]]:
+        if self._pending is None:
+            return []
+        payload = {**self._pending, "delta": "".join(self._pending_parts)}
+        self._pending, self._pending_key, self._pending_parts = None, None, []
+        self._has_pending = anyio.Event()
+        return [(CONTENT_DELTA, payload)]
+
+    def _number(self, events: list[tuple[str, dict[str, Any]]]) -> list[tuple[int, str, str]]:
+        rows = []
+        for i, (etype, payload) in enumerate(events):
+            rows.append((self.next_seq + i, etype, _json.dumps(payload, "event")))
+        return rows
+
+    async def flush(self, extra: tuple[str, dict[str, Any]] | None = None) -> None:
+        """Writes pending text (and ``extra``) as one fenced batch."""
+        async with self._lock:
+            self._check()
+            events = self._take_pending() + ([extra] if extra else [])
+            if not events:
+                return
+            rows = self._number(events)
+            try:
+                landed = await self._appender.submit((self.run_id, self.claim_token, rows))
+            except BaseException as exc:
+                # Unknown whether it landed: this writer cannot number another row.
+                self.broken = exc
+                raise
+            if not landed:
+                self.broken = LeaseLost(self.run_id)
+                self._on_lost()
+                raise self.broken
+            self.next_seq += len(rows)
+            self.rows_written += len(rows)
+            self.flushes += 1
+
+    def final_rows(self, terminal: dict[str, Any]) -> list[tuple[int, str, str]]:
+        """Pending text plus the terminal event, numbered, for the finalize statement."""
+        return self._number([*self._take_pending(), (TERMINAL_EVENT, terminal)])
+
+    def _check(self) -> None:
+        if self.broken is not None:
+            raise self.broken
+
+    async def run_flusher(self) -> None:
+        """Flushes merged text ``flush_interval`` after it started to accumulate."""
+        while True:
+            await self._has_pending.wait()
+            await anyio.sleep_until(self._pending_since + self._interval)
+            if self._pending is not None and self.broken is None:
+                try:
+                    await self.flush()
+                except LeaseLost:
+                    return
+                except Exception as exc:
+                    log.warning(
+                        "journal flush failed for run %s: %s",
+                        self.run_id,
+                        exc,
+                        extra={"run_id": str(self.run_id)},
+                    )
+                    return
+
+
+# -- reading: the tail ----------------------------------------------------------------
+
+
+async def tail(
+    db: Database,
+    run_id: uuid.UUID | str,
+    *,
+    from_seq: int = 0,
+    hub: NotifyHub | None = None,
+    keepalive: float = 15.0,
+    poll: float = 0.5,
+    schema: str = DEFAULT_SCHEMA,
+    batch: int = 500,
+) -> AsyncIterator[Event]:
+    """Yields the run's events after ``from_seq``, live, until its terminal event.
+
+    Any process can serve a tail. It subscribes before its catch-up read (so no event
+    can slip between the two), yields every event with its ``seq`` (pass the last one
+    back as ``from_seq`` to resume: no gap, no duplicate), yields a keepalive after
+    ``keepalive`` idle seconds, and ends after the terminal event. If the run ended
+    without a journaled terminal event, one is synthesised from the run row. Without
+    a hub (or while it is down) it polls every ``poll`` seconds.
+    """
+    check_schema(schema)
+    rid = parse_run_id(run_id)
+    if not isinstance(from_seq, int) or isinstance(from_seq, bool) or from_seq < 0:
+        raise InvalidInput("from_seq", "must be a non-negative integer")
+    if keepalive <= 0 or poll <= 0:
+        raise InvalidInput("keepalive", "keepalive and poll must be positive")
+    read_q = _sql.statement("read_events", schema)
+    state_q = _sql.statement("run_terminal_state", schema)
+    cursor = from_seq
+    async with AsyncExitStack() as stack:
+        if isinstance(db, str):
+            # One connection for the tail's life rather than one per read.
+            db = await stack.enter_async_context(await AsyncConnection.connect(db, autocommit=True))
+        sub = None
+        if hub is not None and hub.running:
+            sub = await stack.enter_async_context(hub.subscribe(Channels.for_schema(schema).events(rid)))
+        idle_since = anyio.current_time()
+        while True:
+            async with statement_conn(db) as conn:
+                cur = await conn.execute(read_q, {"run_id": rid, "after": cursor, "limit": batch})
+                rows = await cur.fetchall()
+                state = None
+                if not rows:
+                    cur = await conn.execute(state_q, {"run_id": rid})
+                    state = await cur.fetchone()
+                    if state is None:
+                        raise RunNotFound(rid)
+                    if state[0] in TERMINAL:
+                        # The finalize commits the status with its event: read once more.
+                        cur = await conn.execute(read_q, {"run_id": rid, "after": cursor, "limit": batch})
+                        rows = await cur.fetchall()
+            for seq, etype, payload in rows:
+                cursor = seq
+                yield Event(seq, etype, payload)
+                if etype == TERMINAL_EVENT:
+                    return
+            if rows:
+                idle_since = anyio.current_time()
+                if len(rows) == batch:
+                    continue
+            elif state is not None and state[0] in TERMINAL:
+                # Terminal without a journaled ending (e.g. a trimmed journal): say so.
+                yield Event(
+                    cursor + 1, TERMINAL_EVENT, {"status": state[0], "error": state[1], "synthesized": True}
+                )
+                return
+            now = anyio.current_time()
+            if now - idle_since >= keepalive:
+                yield Event(cursor, KEEPALIVE)
+                idle_since = now
+            wait = max(0.0, idle_since + keepalive - now)
+            if sub is None or hub is None or not hub.connected:
+                wait = min(wait, poll)
+            if sub is not None:
+                await sub.wait(wait)
+            else:
+                await anyio.sleep(wait)

@@ -1,0 +1,92 @@
+"""Reading runs and transcripts (any process, no claim needed)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from psycopg.rows import dict_row
+
+from . import _json, _sql
+from ._db import Database, statement_conn
+from ._models import Message, RunInfo
+from ._names import DEFAULT_SCHEMA, check_schema
+from .enqueue import parse_run_id
+from .errors import InvalidInput, RunNotFound
+
+if TYPE_CHECKING:
+    import uuid
+
+__all__ = ["QueueStats", "get_run", "list_runs", "queue_stats", "transcript"]
+
+
+async def get_run(db: Database, run_id: uuid.UUID | str, *, schema: str = DEFAULT_SCHEMA) -> RunInfo:
+    """The run's current row; :class:`RunNotFound` if there is none."""
+    check_schema(schema)
+    rid = parse_run_id(run_id)
+    async with statement_conn(db) as conn:
+        cur = conn.cursor(row_factory=dict_row)
+        await cur.execute(_sql.statement("get_run", schema), {"run_id": rid})
+        row = await cur.fetchone()
+    if row is None:
+        raise RunNotFound(rid)
+    return RunInfo(**row)
+
+
+async def list_runs(
+    db: Database,
+    *,
+    conversation_id: str | None = None,
+    status: str | None = None,
+    limit: int = 50,
+    schema: str = DEFAULT_SCHEMA,
+) -> list[RunInfo]:
+    """Runs, newest first, optionally of one conversation and/or one status."""
+    check_schema(schema)
+    _json.check_id(conversation_id, "conversation_id", optional=True)
+    if status is not None and status not in ("queued", "running", "completed", "failed", "cancelled"):
+        raise InvalidInput("status", f"unknown status {status!r}")
+    if not 1 <= limit <= 10_000:
+        raise InvalidInput("limit", "must be between 1 and 10000")
+    async with statement_conn(db) as conn:
+        cur = conn.cursor(row_factory=dict_row)
+        await cur.execute(
+            _sql.statement("list_runs", schema),
+            {"conversation_id": conversation_id, "status": status, "limit": limit},
+        )
+        return [RunInfo(**r) for r in await cur.fetchall()]
+
+
+async def transcript(db: Database, conversation_id: str, *, schema: str = DEFAULT_SCHEMA) -> list[Message]:
+    """The conversation's durable transcript, oldest first (drafts excluded)."""
+    check_schema(schema)
+    _json.check_id(conversation_id, "conversation_id")
+    async with statement_conn(db) as conn:
+        cur = await conn.execute(_sql.statement("transcript", schema), {"conversation_id": conversation_id})
+        return [Message(*r) for r in await cur.fetchall()]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """Queue depth and recent outcomes (finished runs: the last hour)."""
+
+    by_status: dict[str, int]
+    oldest_queued_seconds: float | None
+
+    @property
+    def queued(self) -> int:
+        return self.by_status.get("queued", 0)
+
+    @property
+    def running(self) -> int:
+        return self.by_status.get("running", 0)
+
+
+async def queue_stats(db: Database, *, schema: str = DEFAULT_SCHEMA) -> QueueStats:
+    """Queued and running counts, the oldest queued run's age, last hour's outcomes."""
+    check_schema(schema)
+    async with statement_conn(db) as conn:
+        cur = await conn.execute(_sql.statement("stats", schema))
+        rows = await cur.fetchall()
+    oldest = next((float(r[2]) for r in rows if r[0] == "queued" and r[2] is not None), None)
+    return QueueStats({r[0]: int(r[1]) for r in rows}, oldest)

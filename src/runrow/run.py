@@ -1,0 +1,113 @@
+"""RunContext: what the host's agent callable gets for one claimed run."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+from . import _json, _sql
+from ._db import statement_conn
+from ._models import Message
+from .errors import InvalidInput, LeaseLost
+from .journal import CONTENT_DELTA, JournalWriter
+
+if TYPE_CHECKING:
+    import uuid
+    from collections.abc import Awaitable, Mapping
+    from datetime import datetime
+
+    from .dispatcher import Dispatcher
+
+__all__ = ["Agent", "RunContext"]
+
+
+class RunContext:
+    """The agent's handle on its run: identity, input, journal and transcript.
+
+    Every write through it is fenced by the claim: once the run is reaped, stopped
+    or otherwise no longer this worker's, writes raise :class:`LeaseLost` and the
+    dispatcher stops the agent. Cancellation (a stop, a drain) arrives as anyio
+    cancellation at the agent's next ``await``; ``cancel_requested`` tells why.
+    """
+
+    def __init__(self, dispatcher: Dispatcher, row: Mapping[str, Any], journal: JournalWriter) -> None:
+        self._dispatcher = dispatcher
+        self._journal = journal
+        self.run_id: uuid.UUID = row["id"]
+        self.conversation_id: str = row["conversation_id"]
+        self.user_id: str = row["user_id"]
+        self.tenant_id: str | None = row["tenant_id"]
+        self.request: Any = row["request"]
+        """The request snapshot given to ``enqueue`` (None once trimmed)."""
+        self.content: Any = row["content"]
+        """The user message this turn answers."""
+        self.user_message_id: uuid.UUID = row["user_message_id"]
+        self.started_at: datetime = row["started_at"]
+        self.worker_id: str = dispatcher.worker_id
+        self._claim_token: uuid.UUID = row["claim_token"]
+        self.cancel_requested = False
+        """True once a stop was requested for this run (the agent is being cancelled)."""
+
+    def __repr__(self) -> str:
+        return f"<RunContext run_id={self.run_id} conversation_id={self.conversation_id!r}>"
+
+    async def emit(self, event: Mapping[str, Any]) -> None:
+        """Journals an event (a mapping with a string ``type``).
+
+        ``content_delta`` events (``{"type": "content_delta", "delta": "..."}``, plus an
+        optional ``stream``) are merged and flushed on the dispatcher's flush clock;
+        any other type flushes pending text and is written at once. Raises
+        :class:`InvalidInput` for events that are not JSON or use a reserved type.
+        """
+        await self._journal.emit(event)
+
+    async def text(self, delta: str, *, stream: str | None = None) -> None:
+        """Shorthand for emitting a ``content_delta``."""
+        event: dict[str, Any] = {"type": CONTENT_DELTA, "delta": delta}
+        if stream is not None:
+            event["stream"] = stream
+        await self._journal.emit(event)
+
+    async def flush(self) -> None:
+        """Writes merged text now instead of waiting for the flush clock."""
+        await self._journal.flush()
+
+    async def write_message(self, content: Any, *, role: str = "assistant") -> uuid.UUID:
+        """Appends a message to the conversation's durable transcript (fenced).
+
+        Text streamed so far counts as written: it will not also be saved as a
+        partial answer if the run is then cut short.
+        """
+        if role not in ("assistant", "tool", "system"):
+            raise InvalidInput("role", "must be 'assistant', 'tool' or 'system'")
+        body = _json.dumps(content, "content", self._dispatcher.max_event_bytes)
+        await self._journal.flush()
+        async with statement_conn(self._dispatcher.pool) as conn:
+            cur = await conn.execute(
+                _sql.statement("write_message", self._dispatcher.schema),
+                {"run_id": self.run_id, "claim_token": self._claim_token, "role": role, "content": body},
+            )
+            row = await cur.fetchone()
+        if row is None:
+            self._dispatcher._lost(self.run_id)
+            raise LeaseLost(self.run_id)
+        self._journal.answer_taken()
+        return row[0]  # type: ignore[no-any-return]
+
+    async def transcript(self) -> list[Message]:
+        """The conversation's transcript so far (drafts excluded), oldest first."""
+        async with statement_conn(self._dispatcher.pool) as conn:
+            cur = await conn.execute(
+                _sql.statement("transcript", self._dispatcher.schema),
+                {"conversation_id": self.conversation_id},
+            )
+            return [Message(*r) for r in await cur.fetchall()]
+
+
+class Agent(Protocol):
+    """The host's agent loop: ``async def agent(run: RunContext) -> None``.
+
+    Returning means ``completed``; raising means ``failed`` (the error's type and
+    message are stored and journaled); being cancelled by a stop means ``cancelled``.
+    """
+
+    def __call__(self, run: RunContext, /) -> Awaitable[None]: ...
