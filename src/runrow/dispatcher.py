@@ -111,7 +111,8 @@ class Dispatcher:
     ``grace`` (30) how long past its lease a run is given before the reaper fails it,
     ``poll`` (10) the idle claim tick when no wake-up arrives (the ceiling with a hub,
     the latency without one), ``reap_interval`` (defaults to ``poll``) the reaper's tick,
-    and ``flush_interval`` (0.25) the journal's text-merging clock.
+    and ``flush_interval`` (0.25) the journal's text-merging clock. ``journal_notify=False``
+    drops the per-flush NOTIFY (tails then poll); it exists to measure what the NOTIFY costs.
     """
 
     def __init__(
@@ -132,6 +133,7 @@ class Dispatcher:
         notifications: bool = True,
         finalize_timeout: float = 10.0,
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+        journal_notify: bool = True,
     ) -> None:
         check_schema(schema)
         if not callable(agent):
@@ -188,16 +190,14 @@ class Dispatcher:
         self._appender: GroupCommit[AppendItem, bool] = GroupCommit(self._append_batch)
         self._finalizer: GroupCommit[_FinalItem, bool] = GroupCommit(self._finalize_batch)
         self._queries = {
-            name: _sql.statement(name, schema)
-            for name in (
-                "claim",
-                "heartbeat",
-                "cancel_flag",
-                "finalize",
-                "reap_candidates",
-                "reap",
-                "append_events",
-            )
+            "claim": _sql.statement("claim", schema),
+            "heartbeat": _sql.statement("heartbeat", schema),
+            "cancel_flag": _sql.statement("cancel_flag", schema),
+            "finalize": _sql.statement("finalize", schema),
+            # Without the per-flush NOTIFY, tails fall back to polling (for measurement).
+            "append_events": _sql.statement("append_events", schema)
+            if journal_notify
+            else _sql.statement("append_events_quiet", schema),
         }
         # Counters a host (or the metrics module) can read.
         self.stats: dict[str, int] = dict.fromkeys(
