@@ -1,0 +1,277 @@
+"""The ``runrow`` command: migrate, run workers, inspect and stop runs."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import json
+import logging
+import os
+import signal
+import sys
+import uuid
+from collections.abc import Callable, Coroutine, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+import anyio
+
+from . import __version__
+from ._names import DEFAULT_SCHEMA
+from .errors import RunrowError
+
+__all__ = ["main"]
+
+log = logging.getLogger("runrow.cli")
+
+
+def _jsonable(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, uuid.UUID | datetime):
+        return str(value)
+    return value
+
+
+def _out(args: argparse.Namespace, data: Any, text: str) -> None:
+    print(json.dumps(_jsonable(data), indent=None if args.json else 2) if args.json else text)
+
+
+def _database_url(args: argparse.Namespace) -> str:
+    url: str | None = args.database_url or os.environ.get("DATABASE_URL")
+    if not url:
+        raise SystemExit("runrow: no database: pass --database-url URL or set DATABASE_URL")
+    return url
+
+
+def load_agent(spec: str) -> Callable[..., Any]:
+    """``package.module:callable`` -> the callable (the agent for ``runrow worker``)."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise SystemExit(f"runrow: agent must look like module:callable, got {spec!r}")
+    sys.path.insert(0, os.getcwd())
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise SystemExit(f"runrow: cannot import {module_name!r}: {exc}") from None
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise SystemExit(f"runrow: {module_name!r} has no attribute {attr!r}") from None
+    if not callable(obj):
+        raise SystemExit(f"runrow: {spec} is not callable")
+    return obj  # type: ignore[no-any-return]
+
+
+# -- commands ------------------------------------------------------------------------
+
+
+async def cmd_migrate(args: argparse.Namespace) -> int:
+    from .migrate import latest_version, migrate
+
+    applied = await migrate(_database_url(args), schema=args.schema)
+    _out(
+        args,
+        {"schema": args.schema, "applied": applied, "version": latest_version()},
+        f"schema {args.schema}: applied {applied or 'nothing'}; now at version {latest_version()}",
+    )
+    return 0
+
+
+async def cmd_worker(args: argparse.Namespace) -> int:
+    from .dispatcher import Dispatcher
+
+    agent = load_agent(args.agent)
+    dispatcher = Dispatcher(
+        _database_url(args),
+        agent,
+        schema=args.schema,
+        concurrency=args.concurrency,
+        lease=args.lease_seconds,
+        heartbeat=args.heartbeat_seconds,
+        grace=args.grace_seconds,
+        poll=args.poll_seconds,
+        worker_id=args.worker_id,
+        notifications=not args.no_notify,
+    )
+    async with dispatcher:
+        print(f"runrow worker {dispatcher.worker_id} ready (concurrency {args.concurrency})", flush=True)
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                print(
+                    f"runrow worker: {signal.Signals(signum).name}, draining (up to {args.drain_seconds}s)",
+                    flush=True,
+                )
+                break
+        report = await dispatcher.stop(args.drain_seconds)
+    print(
+        f"runrow worker stopped: {len(report.finished)} finished, {len(report.interrupted)} "
+        f"interrupted, {len(report.left_for_reaper)} left for the reaper "
+        f"{[str(r) for r in report.left_for_reaper]}",
+        flush=True,
+    )
+    return 0
+
+
+def _run_line(r: Any) -> str:
+    err = f"  {r.error.get('type')}: {r.error.get('message', '')}" if r.error else ""
+    return f"{r.id}  {r.status:<9}  {r.conversation_id}  {r.created_at:%Y-%m-%d %H:%M:%S}{err}"
+
+
+async def cmd_runs(args: argparse.Namespace) -> int:
+    from . import journal, queries, stop
+    from .enqueue import retry_run
+
+    url = _database_url(args)
+    if args.runs_command == "list":
+        runs = await queries.list_runs(
+            url, conversation_id=args.conversation, status=args.status, limit=args.limit, schema=args.schema
+        )
+        _out(args, runs, "\n".join(_run_line(r) for r in runs) or "(no runs)")
+    elif args.runs_command == "show":
+        run = await queries.get_run(url, args.run_id, schema=args.schema)
+        _out(args, run, "\n".join(f"{k:>18}: {v}" for k, v in _jsonable(run).items()))
+    elif args.runs_command == "tail":
+        async for ev in journal.tail(url, args.run_id, from_seq=args.from_seq, schema=args.schema):
+            if args.json:
+                print(json.dumps(ev.to_dict()), flush=True)
+            elif not ev.keepalive:
+                print(f"{ev.seq:>5} {ev.type:<22} {json.dumps(ev.payload)}", flush=True)
+    elif args.runs_command == "cancel":
+        result = await stop.cancel_run(url, args.run_id, schema=args.schema)
+        text = (
+            "nothing to do: the run had already finished"
+            if result.noop
+            else f"cancelled {len(result.cancelled)} queued, asked {len(result.cancel_requested)} running to stop"
+        )
+        _out(args, result, text)
+    elif args.runs_command == "retry":
+        run = await retry_run(url, args.run_id, schema=args.schema)
+        _out(args, run, f"{'created' if run.created else 'already retried as'} run {run.id} ({run.status})")
+    return 0
+
+
+async def cmd_stop(args: argparse.Namespace) -> int:
+    from .stop import stop_conversation
+
+    result = await stop_conversation(_database_url(args), args.conversation_id, schema=args.schema)
+    if result.noop:
+        text = "nothing to do: no queued or running turns in that conversation"
+    else:
+        text = (
+            f"cancelled {len(result.cancelled)} queued turn(s), asked {len(result.cancel_requested)} "
+            f"running turn(s) to stop; {len(result.drafts)} draft(s) returned"
+        )
+    _out(args, result, text)
+    return 0
+
+
+async def cmd_trim(args: argparse.Namespace) -> int:
+    from .retention import trim
+
+    result = await trim(
+        _database_url(args), retention=timedelta(hours=args.retention_hours), schema=args.schema
+    )
+    _out(args, result, f"trimmed {result.events} journal rows of {result.runs} finished runs")
+    return 0
+
+
+async def cmd_stats(args: argparse.Namespace) -> int:
+    from .queries import queue_stats
+
+    s = await queue_stats(_database_url(args), schema=args.schema)
+    oldest = "-" if s.oldest_queued_seconds is None else f"{s.oldest_queued_seconds:.1f}s"
+    lines = [f"queued {s.queued}  running {s.running}  oldest queued {oldest}"]
+    lines += [f"  {k:<9} {v}" for k, v in sorted(s.by_status.items())]
+    _out(
+        args,
+        {"by_status": s.by_status, "oldest_queued_seconds": s.oldest_queued_seconds},
+        "\n".join(lines),
+    )
+    return 0
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = {
+    "migrate": cmd_migrate,
+    "worker": cmd_worker,
+    "runs": cmd_runs,
+    "stop": cmd_stop,
+    "trim": cmd_trim,
+    "stats": cmd_stats,
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--database-url", help="PostgreSQL URL (default: $DATABASE_URL)")
+    common.add_argument("--schema", default=DEFAULT_SCHEMA, help="runrow's schema (default: %(default)s)")
+    common.add_argument("--json", action="store_true", help="machine-readable output")
+    common.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+
+    parser = argparse.ArgumentParser(prog="runrow", description="Durable AI-agent runs on PostgreSQL.")
+    parser.add_argument("--version", action="version", version=f"runrow {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    sub.add_parser("migrate", parents=[common], help="create or upgrade the schema")
+
+    w = sub.add_parser("worker", parents=[common], help="run a dispatcher for module:callable")
+    w.add_argument("agent", help="the agent, as module:callable")
+    w.add_argument("--concurrency", type=int, default=8)
+    w.add_argument("--lease-seconds", type=float, default=30.0)
+    w.add_argument("--heartbeat-seconds", type=float, default=10.0)
+    w.add_argument("--grace-seconds", type=float, default=30.0)
+    w.add_argument("--poll-seconds", type=float, default=10.0)
+    w.add_argument("--drain-seconds", type=float, default=30.0, help="SIGTERM drain budget")
+    w.add_argument("--worker-id")
+    w.add_argument("--no-notify", action="store_true", help="poll only (no LISTEN connection)")
+
+    r = sub.add_parser("runs", help="inspect, follow, cancel or retry runs")
+    rsub = r.add_subparsers(dest="runs_command", required=True)
+    rl = rsub.add_parser("list", parents=[common], help="recent runs, newest first")
+    rl.add_argument("--conversation")
+    rl.add_argument("--status", choices=["queued", "running", "completed", "failed", "cancelled"])
+    rl.add_argument("--limit", type=int, default=50)
+    for name, helptext in (
+        ("show", "one run's row"),
+        ("cancel", "stop one run"),
+        ("retry", "a new run for a failed or cancelled run's message"),
+    ):
+        rsub.add_parser(name, parents=[common], help=helptext).add_argument("run_id")
+    rt = rsub.add_parser("tail", parents=[common], help="follow a run's events until it ends")
+    rt.add_argument("run_id")
+    rt.add_argument("--from-seq", type=int, default=0)
+
+    s = sub.add_parser("stop", parents=[common], help="stop every active turn of a conversation")
+    s.add_argument("conversation_id")
+
+    t = sub.add_parser("trim", parents=[common], help="delete old journals, null request snapshots")
+    t.add_argument("--retention-hours", type=float, default=24.0)
+
+    sub.add_parser("stats", parents=[common], help="queue depth, running, outcomes")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``runrow`` console script."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if getattr(args, "verbose", False) else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return anyio.run(COMMANDS[args.command], args, backend="asyncio")
+    except RunrowError as exc:
+        print(f"runrow: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
