@@ -11,15 +11,17 @@ import os
 import signal
 import sys
 import uuid
-from collections.abc import Callable, Coroutine, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from . import __version__
 from ._names import DEFAULT_SCHEMA
 from .errors import RunrowError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Coroutine, Sequence
 
 __all__ = ["main"]
 
@@ -152,8 +154,12 @@ async def cmd_runs(args: argparse.Namespace) -> int:
         )
         _out(args, result, text)
     elif args.runs_command == "retry":
-        run = await retry_run(url, args.run_id, schema=args.schema)
-        _out(args, run, f"{'created' if run.created else 'already retried as'} run {run.id} ({run.status})")
+        retried = await retry_run(url, args.run_id, schema=args.schema)
+        _out(
+            args,
+            retried,
+            f"{'created' if retried.created else 'already retried as'} run {retried.id} ({retried.status})",
+        )
     return 0
 
 
