@@ -43,3 +43,38 @@ async def run_row(conn: psycopg.AsyncConnection, schema: str, run_id: Any) -> di
     row = await cur.fetchone()
     assert row is not None
     return row
+
+
+async def wait_for(predicate: Any, *, timeout: float = 10.0, interval: float = 0.02, what: str = "condition") -> Any:
+    """Polls an (async or sync) predicate until it returns something truthy, or fails the test."""
+    import inspect
+
+    import anyio
+
+    deadline = anyio.current_time() + timeout
+    while True:
+        value = predicate()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        if anyio.current_time() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await anyio.sleep(interval)
+
+
+async def status_of(conn: psycopg.AsyncConnection, schema: str, run_id: Any) -> str:
+    cur = await conn.execute(sql.SQL("SELECT status FROM {} WHERE id = %s").format(table(schema, "agent_run")), (run_id,))
+    row = await cur.fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+async def assert_journal_sound(conn: psycopg.AsyncConnection, schema: str, run_id: Any) -> list[tuple[int, str, Any]]:
+    """Seq gap-free from 1, exactly one terminal event, and it is the last."""
+    evs = await events(conn, schema, run_id)
+    assert [s for s, _, _ in evs] == list(range(1, len(evs) + 1)), evs
+    terminals = [e for e in evs if e[1] == "complete"]
+    assert len(terminals) == 1, evs
+    assert evs[-1][1] == "complete", evs
+    return evs

@@ -1,0 +1,430 @@
+"""The dispatcher in one process: claim, slots, order, fencing, reaper, drain, wake-ups."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import anyio
+import psycopg
+import pytest
+from psycopg import sql
+
+import runrow
+from runrow.dispatcher import reap_expired
+
+from . import manual
+from .helpers import assert_journal_sound, events, run_row, status_of, table, wait_for
+
+pytestmark = pytest.mark.anyio
+
+FAST = {"poll": 0.5, "heartbeat": 0.2, "lease": 2.0, "grace": 1.0, "reap_interval": 0.2}
+
+
+async def test_a_run_completes_with_a_sound_journal(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
+    async def agent(run: runrow.RunContext) -> None:
+        assert run.content == "hi" and run.user_id == "u" and run.request == {"m": 1}
+        await run.text("Hel")
+        await run.text("lo")
+        await run.emit({"type": "tool_call_started", "tool_call_id": "1", "name": "search"})
+        await run.write_message("Hello")
+
+    async with runrow.Dispatcher(dsn, agent, schema=schema, **FAST) as d:
+        run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="hi", request={"m": 1})
+        await wait_for(lambda: status_of(conn, schema, run.id), what="run to finish")
+        await wait_for(lambda: _terminal(conn, schema, run.id), what="terminal")
+    evs = await assert_journal_sound(conn, schema, run.id)
+    assert [t for _, t, _ in evs] == [
+        "user_message_created", "run_queued", "content_delta", "tool_call_started", "complete"]
+    assert evs[2][2] == {"delta": "Hello"}  # the two deltas merged into one row
+    assert evs[-1][2] == {"status": "completed"}
+    row = await run_row(conn, schema, run.id)
+    assert row["worker_id"] == d.worker_id and row["finished_at"] is not None
+    msgs = await runrow.transcript(dsn, "c", schema=schema)
+    assert [(m.role, m.content, m.status) for m in msgs] == [("user", "hi", "sent"), ("assistant", "Hello", "complete")]
+
+
+async def _terminal(conn: psycopg.AsyncConnection, schema: str, run_id: uuid.UUID) -> bool:
+    return await status_of(conn, schema, run_id) in ("completed", "failed", "cancelled")
+
+
+async def test_a_raising_agent_fails_the_run_with_its_error(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
+    async def agent(run: runrow.RunContext) -> None:
+        await run.text("partial answer")
+        raise ValueError("model exploded")
+
+    async with runrow.Dispatcher(dsn, agent, schema=schema, **FAST):
+        run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="hi")
+        await wait_for(lambda: _terminal(conn, schema, run.id), what="terminal")
+    row = await run_row(conn, schema, run.id)
+    assert row["status"] == "failed"
+    assert row["error"] == {"type": "ValueError", "message": "model exploded"}
+    evs = await assert_journal_sound(conn, schema, run.id)
+    assert evs[-1][2] == {"status": "failed", "error": {"type": "ValueError", "message": "model exploded"}}
+    assert evs[-2] == (3, "content_delta", {"delta": "partial answer"})  # flushed before the end
+    msgs = await runrow.transcript(dsn, "c", schema=schema)
+    assert [(m.content, m.status) for m in msgs if m.role == "assistant"] == [("partial answer", "partial")]
+
+
+async def test_slots_are_taken_before_claiming(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
+    release = anyio.Event()
+    seen_running: list[int] = []
+
+    async def agent(run: runrow.RunContext) -> None:
+        await release.wait()
+
+    async with runrow.Dispatcher(dsn, agent, schema=schema, concurrency=3, **FAST) as d:
+        runs = [await runrow.enqueue(dsn, schema=schema, conversation_id=f"c{i}", user_id="u", content=i)
+                for i in range(7)]
+        await wait_for(lambda: len(d.in_flight) == 3, what="three runs in flight")
+        for _ in range(10):  # the process is full: it must not claim a fourth
+            cur = await conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE status = 'running'").format(
+                table(schema, "agent_run")))
+            seen_running.append((await cur.fetchone())[0])  # type: ignore[index]
+            await anyio.sleep(0.02)
+        release.set()
+        await wait_for(lambda: _all_terminal(conn, schema, runs), what="all runs")
+    assert max(seen_running) == 3
+    # Claims are batched: fewer claim statements than runs claimed.
+    assert d.stats["claimed"] == 7 and d.stats["completed"] == 7
+
+
+async def _all_terminal(conn: psycopg.AsyncConnection, schema: str, runs: list[runrow.Run]) -> bool:
+    return all([await _terminal(conn, schema, r.id) for r in runs])
+
+
+async def test_one_claim_statement_takes_many_runs(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
+    runs = [await runrow.enqueue(dsn, schema=schema, conversation_id=f"c{i}", user_id="u", content=i) for i in range(12)]
+    rows = await manual.claim(conn, schema, limit=8)
+    assert len(rows) == 8
+    assert len({r["conversation_id"] for r in rows}) == 8
+    assert [r["id"] for r in rows] == [r.id for r in runs[:8]]  # oldest first
+
+
+async def test_claim_takes_at_most_one_turn_per_conversation_in_order(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
+    a = [await runrow.enqueue(dsn, schema=schema, conversation_id="A", user_id="u", content=i) for i in range(3)]
+    b = await runrow.enqueue(dsn, schema=schema, conversation_id="B", user_id="u", content=0)
+    rows = await manual.claim(conn, schema, limit=10)
+    assert sorted(r["id"] for r in rows) == sorted([a[0].id, b.id])
+    # A's first turn is running: nothing else of A is claimable until it ends.
+    assert await manual.claim(conn, schema, limit=10) == []
+    first = next(r for r in rows if r["id"] == a[0].id)
+    assert await manual.finalize(conn, schema, first["id"], first["claim_token"], "completed", 3)
+    nxt = await manual.claim(conn, schema, limit=10)
+    assert [r["id"] for r in nxt] == [a[1].id]
+
+
+async def test_turns_of_a_conversation_run_one_at_a_time_in_order(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
+    log: list[tuple[str, int]] = []
+    active = {"n": 0, "max": 0}
+
+    async def agent(run: runrow.RunContext) -> None:
+        active["n"] += 1
+        active["max"] = max(active["max"], active["n"])
+        log.append(("start", run.content))
+        await anyio.sleep(0.01)
+        log.append(("end", run.content))
+        active["n"] -= 1
+
+    async with runrow.Dispatcher(dsn, agent, schema=schema, concurrency=8, **FAST):
+        runs = [await runrow.enqueue(dsn, schema=schema, conversation_id="one", user_id="u", content=i) for i in range(6)]
+        await wait_for(lambda: _all_terminal(conn, schema, runs), what="all runs")
+    assert active["max"] == 1
+    assert log == [(kind, i) for i in range(6) for kind in ("start", "end")]
+
+
+async def test_the_unique_index_is_the_guarantee(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
+    r1 = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content=1)
+    r2 = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content=2)
+    await manual.claim(conn, schema)
+    # Bypass the claim's filter: the schema itself refuses a second running turn.
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        await conn.execute(sql.SQL(
+            "UPDATE {} SET status = 'running', claim_token = gen_random_uuid(), claim_expires_at = now(), "
+            "started_at = now() WHERE id = %s").format(table(schema, "agent_run")), (r2.id,))
+    assert await status_of(conn, schema, r1.id) == "running"
+
+
+async def test_a_claim_that_hits_the_unique_index_claims_nothing_and_carries_on(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    """A running turn the claim's snapshot cannot see (uncommitted) makes the claim collide."""
+    done = []
+
+    async def agent(run: runrow.RunContext) -> None:
+        done.append(run.run_id)
+
+    queued = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="queued")
+    intruder = await psycopg.AsyncConnection.connect(dsn)
+    try:
+        await intruder.execute("BEGIN")
+        # Another turn of the same conversation becomes running in a transaction not yet committed.
+        other = await runrow.enqueue(intruder, schema=schema, conversation_id="c", user_id="u", content="other")
+        await intruder.execute(sql.SQL(
+            "UPDATE {} SET status = 'running', claim_token = gen_random_uuid(), claim_expires_at = now() + interval '1 hour', "
+            "started_at = now() WHERE id = %s").format(table(schema, "agent_run")), (other.id,))
+        async with runrow.Dispatcher(dsn, agent, schema=schema, **FAST) as d:
+            # The dispatcher's claim of `queued` now waits on the intruder's index entry.
+            await wait_for(lambda: _waiting_on_lock(conn), what="the claim to block on the index")
+            await intruder.execute("COMMIT")
+            await wait_for(lambda: d.stats["claim_conflicts"] >= 1, what="a claim conflict")
+            assert await status_of(conn, schema, queued.id) == "queued"
+            # End the intruder's turn: the queued one then runs.
+            await conn.execute(sql.SQL("UPDATE {} SET status = 'completed', finished_at = now() WHERE id = %s").format(
+                table(schema, "agent_run")), (other.id,))
+            await wait_for(lambda: queued.id in done, what="the queued turn to run")
+    finally:
+        await intruder.close()
+
+
+async def _waiting_on_lock(conn: psycopg.AsyncConnection) -> bool:
+    cur = await conn.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+    row = await cur.fetchone()
+    return bool(row and row[0] > 0)
+
+
+async def test_a_lost_claim_stops_the_agent_and_writes_nothing_more(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
+    step = anyio.Event()
+    outcome: list[str] = []
+
+    async def agent(run: runrow.RunContext) -> None:
+        await run.emit({"type": "step", "n": 1})
+        await step.wait()
+        try:
+            await run.emit({"type": "step", "n": 2})
+        except runrow.LeaseLost:
+            outcome.append("lease lost")
+            raise
+        outcome.append("kept writing")
+
+    async with runrow.Dispatcher(dsn, agent, schema=schema, **FAST) as d:
+        run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
+        await wait_for(lambda: _has_event(conn, schema, run.id, "step"), what="first step")
+        # Someone else took the run over (a reaper plus a new claim would do this).
+        await conn.execute(sql.SQL("UPDATE {} SET claim_token = gen_random_uuid() WHERE id = %s").format(
+            table(schema, "agent_run")), (run.id,))
+        step.set()
+        await wait_for(lambda: outcome, what="the agent's second write")
+        await wait_for(lambda: not d.in_flight, what="the worker to stand down")
+        assert d.stats["lost"] >= 1
+    assert outcome == ["lease lost"]
+    assert await status_of(conn, schema, run.id) == "running"  # the worker wrote no ending
+    assert [t for _, t, _ in await events(conn, schema, run.id)] == ["user_message_created", "run_queued", "step"]
+
+
+async def _has_event(conn: psycopg.AsyncConnection, schema: str, run_id: uuid.UUID, etype: str) -> bool:
+    return any(t == etype for _, t, _ in await events(conn, schema, run_id))
+
+
+async def test_reaper_fails_an_orphan_and_the_next_turn_runs(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
+    ran: list[object] = []
+
+    async def agent(run: runrow.RunContext) -> None:
+        ran.append(run.content)
+
+    orphan = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="orphan")
+    nxt = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="next")
+    (claimed,) = await manual.claim(conn, schema, lease=0.2, worker_id="dead-worker")
+    assert await manual.append(conn, schema, orphan.id, claimed["claim_token"], [(3, "content_delta", {"delta": "half"})])
+    async with runrow.Dispatcher(dsn, agent, schema=schema, **{**FAST, "grace": 0.3}) as d:
+        await wait_for(lambda: _terminal(conn, schema, orphan.id), what="the orphan to be reaped")
+        await wait_for(lambda: ran == ["next"], what="the next turn")
+        assert d.stats["reaped"] == 1
+    row = await run_row(conn, schema, orphan.id)
+    assert row["status"] == "failed" and row["error"]["type"] == "worker_lost"
+    evs = await assert_journal_sound(conn, schema, orphan.id)
+    assert evs[-1][2]["reason"] == "worker_lost" and evs[-1][0] == 4
+    assert await status_of(conn, schema, nxt.id) == "completed"
+
+
+async def test_reaper_heartbeat_race_heartbeat_wins(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
+    """The reaper reads an expired lease; a heartbeat lands; the reaper's write must no-op."""
+    run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
+    now = await manual.db_now(conn)
+    (claimed,) = await manual.claim(conn, schema, lease=30, now=now - timedelta(minutes=5))
+    later = now + timedelta(seconds=1)
+    # 1. The reaper's read: expired long ago.
+    assert await manual.reap_candidates(conn, schema, grace=30, now=later) == [run.id]
+    # 2. The worker wakes from its pause and heartbeats before the reaper writes.
+    assert await manual.heartbeat(conn, schema, [(run.id, claimed["claim_token"])], now=now) == {run.id: False}
+    # 3. The reaper's write re-checks the expiry against the row as it is now: nothing happens.
+    assert await manual.reap(conn, schema, [run.id], grace=30, now=later) == []
+    assert await status_of(conn, schema, run.id) == "running"
+    # Without the heartbeat, the same write reaps.
+    assert await manual.reap(conn, schema, [run.id], grace=30, now=now + timedelta(minutes=5)) == [run.id]
+
+
+async def test_reaper_blocked_behind_a_heartbeat_rechecks_after_it(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
+    """The same race with real locks: the heartbeat holds the row; the reap waits, then no-ops."""
+    run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
+    (claimed,) = await manual.claim(conn, schema, lease=0.01)
+    await wait_for(lambda: manual.reap_candidates(conn, schema, grace=0.01), what="the lease to lapse")
+    beat = await psycopg.AsyncConnection.connect(dsn)
+    reaped: list[list[uuid.UUID]] = []
+    try:
+        await beat.execute("BEGIN")
+        assert await manual.heartbeat(beat, schema, [(run.id, claimed["claim_token"])], lease=60)
+
+        async def reaper() -> None:
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as rc:
+                reaped.append(await manual.reap(rc, schema, [run.id], grace=0.01))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(reaper)
+            await wait_for(lambda: _waiting_on_lock(conn), what="the reaper to wait on the row")
+            await beat.execute("COMMIT")
+    finally:
+        await beat.close()
+    assert reaped == [[]]
+    assert await status_of(conn, schema, run.id) == "running"
+
+
+async def test_terminal_states_are_sticky(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
+    run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
+    (claimed,) = await manual.claim(conn, schema, lease=0.01)
+    token = claimed["claim_token"]
+    assert await manual.finalize(conn, schema, run.id, token, "completed", 3)
+    # A zombie's late ending, a reap and a stop all leave it as it is.
+    assert not await manual.finalize(conn, schema, run.id, token, "failed", 4)
+    assert await reap_expired(conn, schema=schema, grace=0, now=await manual.db_now(conn) + timedelta(hours=1)) == []
+    assert (await runrow.cancel_run(conn, run.id, schema=schema)).noop
+    assert await status_of(conn, schema, run.id) == "completed"
+    await assert_journal_sound(conn, schema, run.id)
+
+
+async def test_retry_creates_one_linked_run_for_the_same_message(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
+    run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x", tenant_id="t")
+    with pytest.raises(runrow.InvalidInput, match="only failed or cancelled"):
+        await runrow.retry_run(dsn, run.id, schema=schema)
+    (claimed,) = await manual.claim(conn, schema)
+    assert await manual.finalize(conn, schema, run.id, claimed["claim_token"], "failed", 3)
+    again = await runrow.retry_run(dsn, run.id, schema=schema)
+    assert again.created and again.status == "queued" and again.user_message_id == run.user_message_id
+    assert (await run_row(conn, schema, again.id))["retry_of"] == run.id
+    twice = await runrow.retry_run(dsn, str(run.id), schema=schema)
+    assert twice.id == again.id and not twice.created
+    with pytest.raises(runrow.RunNotFound):
+        await runrow.retry_run(dsn, uuid.uuid4(), schema=schema)
+    with pytest.raises(runrow.RunNotFound):
+        await runrow.retry_run(dsn, "not-a-uuid", schema=schema)
+
+
+async def test_a_finished_turn_wakes_the_next_one_in_the_same_process(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    """With a one-minute poll tick and no notifications at all, turn 2 still starts as
+    soon as turn 1 ends: the finishing run wakes its own dispatcher's claim loop."""
+    order: list[object] = []
+
+    async def agent(run: runrow.RunContext) -> None:
+        order.append(run.content)
+
+    runs = [await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content=i) for i in range(3)]
+    async with runrow.Dispatcher(dsn, agent, schema=schema, notifications=False, **{**FAST, "poll": 60.0}):
+        # The first claim at start-up takes turn 0; turns 1 and 2 can only start in time
+        # if each ending wakes the claim loop (the tick is 60 s away).
+        await wait_for(lambda: _all_terminal(conn, schema, runs), timeout=20, what="all turns")
+    assert order == [0, 1, 2]
+
+
+async def test_a_remote_finalize_wakes_the_next_turn(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
+    """Turn 1 is held by another worker (here: by hand); when it ends, its NOTIFY wakes
+    this dispatcher, which starts turn 2 at once instead of on its 60 s tick."""
+    started: dict[object, float] = {}
+
+    async def agent(run: runrow.RunContext) -> None:
+        started[run.content] = anyio.current_time()
+
+    t1 = await runrow.enqueue(dsn, schema=schema, conversation_id="e", user_id="u", content="t1")
+    t2 = await runrow.enqueue(dsn, schema=schema, conversation_id="e", user_id="u", content="t2")
+    (held,) = await manual.claim(conn, schema)
+    assert held["id"] == t1.id
+    async with runrow.Dispatcher(dsn, agent, schema=schema, **{**FAST, "poll": 60.0, "reap_interval": 60.0}) as d:
+        await wait_for(lambda: d.hub is not None and d.hub.connected, what="the hub")
+        await anyio.sleep(0.1)  # the claim loop has found nothing and parked
+        ended_at = anyio.current_time()
+        assert await manual.finalize(conn, schema, t1.id, held["claim_token"], "completed", 3)
+        await wait_for(lambda: "t2" in started, timeout=5, what="the next turn after a remote finalize")
+    assert started["t2"] - ended_at < 5  # far below the 60 s poll tick
+    assert await status_of(conn, schema, t2.id) == "completed"
+
+
+async def test_drain_lets_runs_finish_within_the_budget(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
+    go = anyio.Event()
+
+    async def agent(run: runrow.RunContext) -> None:
+        await go.wait()
+        await anyio.sleep(0.05)
+
+    d = runrow.Dispatcher(dsn, agent, schema=schema, concurrency=4, **FAST)
+    async with d:
+        runs = [await runrow.enqueue(dsn, schema=schema, conversation_id=f"c{i}", user_id="u", content=i) for i in range(4)]
+        await wait_for(lambda: len(d.in_flight) == 4, what="four runs in flight")
+        go.set()
+        report = await d.stop(drain_timeout=10)
+        assert await d.stop() is report  # idempotent
+        late = await runrow.enqueue(dsn, schema=schema, conversation_id="late", user_id="u", content="late")
+    assert sorted(report.finished) == sorted(r.id for r in runs)
+    assert report.interrupted == [] and report.left_for_reaper == []
+    for r in runs:
+        assert await status_of(conn, schema, r.id) == "completed"
+    assert await status_of(conn, schema, late.id) == "queued"  # stopped claiming
+
+
+async def test_drain_budget_spent_interrupts_and_records_the_rest(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
+    async def agent(run: runrow.RunContext) -> None:
+        await run.text("working on it")
+        await anyio.sleep_forever()
+
+    d = runrow.Dispatcher(dsn, agent, schema=schema, concurrency=2, **FAST)
+    async with d:
+        runs = [await runrow.enqueue(dsn, schema=schema, conversation_id=f"c{i}", user_id="u", content=i) for i in range(2)]
+        await wait_for(lambda: len(d.in_flight) == 2, what="two runs in flight")
+        report = await d.stop(drain_timeout=0.2)
+    assert sorted(report.interrupted) == sorted(r.id for r in runs)
+    for r in runs:
+        row = await run_row(conn, schema, r.id)
+        assert row["status"] == "failed" and row["error"]["type"] == "worker_shutdown"
+        evs = await assert_journal_sound(conn, schema, r.id)
+        assert evs[-2][2] == {"delta": "working on it"}
+
+
+async def test_bad_configuration_is_refused(dsn: str, schema: str) -> None:
+    async def agent(run: runrow.RunContext) -> None:
+        return None
+
+    with pytest.raises(runrow.ConfigurationError, match="half the lease"):
+        runrow.Dispatcher(dsn, agent, schema=schema, lease=10, heartbeat=6)
+    with pytest.raises(runrow.ConfigurationError):
+        runrow.Dispatcher(dsn, agent, schema=schema, concurrency=0)
+    with pytest.raises(runrow.ConfigurationError):
+        runrow.Dispatcher(dsn, agent, schema=schema, poll=0)
+    with pytest.raises(runrow.InvalidInput):
+        runrow.Dispatcher(dsn, "not callable", schema=schema)  # type: ignore[arg-type]
+
+
+async def test_dispatcher_refuses_an_unmigrated_schema(dsn: str) -> None:
+    async def agent(run: runrow.RunContext) -> None:
+        return None
+
+    with pytest.raises(runrow.SchemaOutOfDate, match="runrow migrate"):
+        async with runrow.Dispatcher(dsn, agent, schema=f"nope_{uuid.uuid4().hex[:6]}"):
+            pass
+
+
+async def test_invalid_events_are_rejected_and_the_run_fails(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
+    errors: list[str] = []
+
+    async def agent(run: runrow.RunContext) -> None:
+        for bad in ({"no": "type"}, {"type": "complete"}, {"type": "content_delta", "delta": 3},
+                    {"type": "x", "v": "nul\x00"}, {"type": "x", "v": object()}):
+            try:
+                await run.emit(bad)
+            except runrow.InvalidInput as exc:
+                errors.append(exc.field)
+
+    async with runrow.Dispatcher(dsn, agent, schema=schema, **FAST):
+        run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
+        await wait_for(lambda: _terminal(conn, schema, run.id), what="terminal")
+    assert errors == ["event"] * 5
+    assert await status_of(conn, schema, run.id) == "completed"
