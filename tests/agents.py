@@ -37,8 +37,10 @@ async def record(run: runrow.RunContext, step: str) -> None:
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         await conn.execute(
             sql.SQL("INSERT INTO {} (run_id, step, conversation_id, pid) VALUES (%s, %s, %s, %s)").format(
-                side_effect_table(schema)),
-            (run.run_id, step, run.conversation_id, os.getpid()))
+                side_effect_table(schema)
+            ),
+            (run.run_id, step, run.conversation_id, os.getpid()),
+        )
 
 
 async def record_agent(run: runrow.RunContext) -> None:

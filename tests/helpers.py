@@ -45,7 +45,9 @@ async def run_row(conn: psycopg.AsyncConnection, schema: str, run_id: Any) -> di
     return row
 
 
-async def wait_for(predicate: Any, *, timeout: float = 10.0, interval: float = 0.02, what: str = "condition") -> Any:
+async def wait_for(
+    predicate: Any, *, timeout: float = 10.0, interval: float = 0.02, what: str = "condition"
+) -> Any:
     """Polls an (async or sync) predicate until it returns something truthy, or fails the test."""
     import inspect
 
@@ -64,13 +66,17 @@ async def wait_for(predicate: Any, *, timeout: float = 10.0, interval: float = 0
 
 
 async def status_of(conn: psycopg.AsyncConnection, schema: str, run_id: Any) -> str:
-    cur = await conn.execute(sql.SQL("SELECT status FROM {} WHERE id = %s").format(table(schema, "agent_run")), (run_id,))
+    cur = await conn.execute(
+        sql.SQL("SELECT status FROM {} WHERE id = %s").format(table(schema, "agent_run")), (run_id,)
+    )
     row = await cur.fetchone()
     assert row is not None
     return str(row[0])
 
 
-async def assert_journal_sound(conn: psycopg.AsyncConnection, schema: str, run_id: Any) -> list[tuple[int, str, Any]]:
+async def assert_journal_sound(
+    conn: psycopg.AsyncConnection, schema: str, run_id: Any
+) -> list[tuple[int, str, Any]]:
     """Seq gap-free from 1, exactly one terminal event, and it is the last."""
     evs = await events(conn, schema, run_id)
     assert [s for s, _, _ in evs] == list(range(1, len(evs) + 1)), evs

@@ -17,57 +17,118 @@ from runrow import _sql
 from runrow._names import Channels
 
 
-async def claim(conn: psycopg.AsyncConnection, schema: str, *, limit: int = 1, lease: float = 30.0,
-                now: datetime | None = None, worker_id: str = "manual") -> list[dict[str, Any]]:
+async def claim(
+    conn: psycopg.AsyncConnection,
+    schema: str,
+    *,
+    limit: int = 1,
+    lease: float = 30.0,
+    now: datetime | None = None,
+    worker_id: str = "manual",
+) -> list[dict[str, Any]]:
     cur = conn.cursor(row_factory=psycopg.rows.dict_row)
-    await cur.execute(_sql.statement("claim", schema),
-                      {"limit": limit, "lease_seconds": lease, "worker_id": worker_id, "now": now})
+    await cur.execute(
+        _sql.statement("claim", schema),
+        {"limit": limit, "lease_seconds": lease, "worker_id": worker_id, "now": now},
+    )
     return await cur.fetchall()
 
 
-async def heartbeat(conn: psycopg.AsyncConnection, schema: str, runs: list[tuple[uuid.UUID, uuid.UUID]], *,
-                    lease: float = 30.0, now: datetime | None = None) -> dict[uuid.UUID, bool]:
-    cur = await conn.execute(_sql.statement("heartbeat", schema), {
-        "ids": [r for r, _ in runs], "tokens": [t for _, t in runs], "lease_seconds": lease, "now": now})
+async def heartbeat(
+    conn: psycopg.AsyncConnection,
+    schema: str,
+    runs: list[tuple[uuid.UUID, uuid.UUID]],
+    *,
+    lease: float = 30.0,
+    now: datetime | None = None,
+) -> dict[uuid.UUID, bool]:
+    cur = await conn.execute(
+        _sql.statement("heartbeat", schema),
+        {"ids": [r for r, _ in runs], "tokens": [t for _, t in runs], "lease_seconds": lease, "now": now},
+    )
     return {r[0]: r[1] for r in await cur.fetchall()}
 
 
-async def append(conn: psycopg.AsyncConnection, schema: str, run_id: uuid.UUID, token: uuid.UUID,
-                 events: list[tuple[int, str, dict[str, Any]]]) -> bool:
-    cur = await conn.execute(_sql.statement("append_events", schema), {
-        "runs": [run_id] * len(events), "tokens": [token] * len(events),
-        "seqs": [e[0] for e in events], "types": [e[1] for e in events],
-        "payloads": [json.dumps(e[2]) for e in events],
-        "events_prefix": Channels.for_schema(schema).events_prefix})
+async def append(
+    conn: psycopg.AsyncConnection,
+    schema: str,
+    run_id: uuid.UUID,
+    token: uuid.UUID,
+    events: list[tuple[int, str, dict[str, Any]]],
+) -> bool:
+    cur = await conn.execute(
+        _sql.statement("append_events", schema),
+        {
+            "runs": [run_id] * len(events),
+            "tokens": [token] * len(events),
+            "seqs": [e[0] for e in events],
+            "types": [e[1] for e in events],
+            "payloads": [json.dumps(e[2]) for e in events],
+            "events_prefix": Channels.for_schema(schema).events_prefix,
+        },
+    )
     return bool(await cur.fetchall())
 
 
-async def finalize(conn: psycopg.AsyncConnection, schema: str, run_id: uuid.UUID, token: uuid.UUID,
-                   status: str, seq: int, *, error: dict[str, Any] | None = None,
-                   partial: str | None = None) -> bool:
+async def finalize(
+    conn: psycopg.AsyncConnection,
+    schema: str,
+    run_id: uuid.UUID,
+    token: uuid.UUID,
+    status: str,
+    seq: int,
+    *,
+    error: dict[str, Any] | None = None,
+    partial: str | None = None,
+) -> bool:
     ch = Channels.for_schema(schema)
-    cur = await conn.execute(_sql.statement("finalize", schema), {
-        "ids": [run_id], "tokens": [token], "statuses": [status],
-        "errors": [None if error is None else json.dumps(error)], "partials": [partial],
-        "ev_runs": [run_id], "ev_seqs": [seq], "ev_types": ["complete"],
-        "ev_payloads": [json.dumps({"status": status})],
-        "events_prefix": ch.events_prefix, "wake_channel": ch.wake})
+    cur = await conn.execute(
+        _sql.statement("finalize", schema),
+        {
+            "ids": [run_id],
+            "tokens": [token],
+            "statuses": [status],
+            "errors": [None if error is None else json.dumps(error)],
+            "partials": [partial],
+            "ev_runs": [run_id],
+            "ev_seqs": [seq],
+            "ev_types": ["complete"],
+            "ev_payloads": [json.dumps({"status": status})],
+            "events_prefix": ch.events_prefix,
+            "wake_channel": ch.wake,
+        },
+    )
     return bool(await cur.fetchall())
 
 
-async def reap_candidates(conn: psycopg.AsyncConnection, schema: str, *, grace: float,
-                          now: datetime | None = None) -> list[uuid.UUID]:
-    cur = await conn.execute(_sql.statement("reap_candidates", schema),
-                             {"now": now, "grace_seconds": grace, "limit": 100})
+async def reap_candidates(
+    conn: psycopg.AsyncConnection, schema: str, *, grace: float, now: datetime | None = None
+) -> list[uuid.UUID]:
+    cur = await conn.execute(
+        _sql.statement("reap_candidates", schema), {"now": now, "grace_seconds": grace, "limit": 100}
+    )
     return [r[0] for r in await cur.fetchall()]
 
 
-async def reap(conn: psycopg.AsyncConnection, schema: str, ids: list[uuid.UUID], *, grace: float,
-               now: datetime | None = None) -> list[uuid.UUID]:
+async def reap(
+    conn: psycopg.AsyncConnection,
+    schema: str,
+    ids: list[uuid.UUID],
+    *,
+    grace: float,
+    now: datetime | None = None,
+) -> list[uuid.UUID]:
     ch = Channels.for_schema(schema)
-    cur = await conn.execute(_sql.statement("reap", schema), {
-        "ids": ids, "now": now, "grace_seconds": grace,
-        "events_prefix": ch.events_prefix, "wake_channel": ch.wake})
+    cur = await conn.execute(
+        _sql.statement("reap", schema),
+        {
+            "ids": ids,
+            "now": now,
+            "grace_seconds": grace,
+            "events_prefix": ch.events_prefix,
+            "wake_channel": ch.wake,
+        },
+    )
     return [r[0] for r in await cur.fetchall()]
 
 

@@ -21,7 +21,9 @@ pytestmark = pytest.mark.anyio
 FAST = {"poll": 0.5, "heartbeat": 0.2, "lease": 2.0, "grace": 1.0, "reap_interval": 0.2}
 
 
-async def test_a_run_completes_with_a_sound_journal(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
+async def test_a_run_completes_with_a_sound_journal(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
     async def agent(run: runrow.RunContext) -> None:
         assert run.content == "hi" and run.user_id == "u" and run.request == {"m": 1}
         await run.text("Hel")
@@ -30,25 +32,37 @@ async def test_a_run_completes_with_a_sound_journal(dsn: str, schema: str, conn:
         await run.write_message("Hello")
 
     async with runrow.Dispatcher(dsn, agent, schema=schema, **FAST) as d:
-        run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="hi", request={"m": 1})
+        run = await runrow.enqueue(
+            dsn, schema=schema, conversation_id="c", user_id="u", content="hi", request={"m": 1}
+        )
         await wait_for(lambda: status_of(conn, schema, run.id), what="run to finish")
         await wait_for(lambda: _terminal(conn, schema, run.id), what="terminal")
     evs = await assert_journal_sound(conn, schema, run.id)
     assert [t for _, t, _ in evs] == [
-        "user_message_created", "run_queued", "content_delta", "tool_call_started", "complete"]
+        "user_message_created",
+        "run_queued",
+        "content_delta",
+        "tool_call_started",
+        "complete",
+    ]
     assert evs[2][2] == {"delta": "Hello"}  # the two deltas merged into one row
     assert evs[-1][2] == {"status": "completed"}
     row = await run_row(conn, schema, run.id)
     assert row["worker_id"] == d.worker_id and row["finished_at"] is not None
     msgs = await runrow.transcript(dsn, "c", schema=schema)
-    assert [(m.role, m.content, m.status) for m in msgs] == [("user", "hi", "sent"), ("assistant", "Hello", "complete")]
+    assert [(m.role, m.content, m.status) for m in msgs] == [
+        ("user", "hi", "sent"),
+        ("assistant", "Hello", "complete"),
+    ]
 
 
 async def _terminal(conn: psycopg.AsyncConnection, schema: str, run_id: uuid.UUID) -> bool:
     return await status_of(conn, schema, run_id) in ("completed", "failed", "cancelled")
 
 
-async def test_a_raising_agent_fails_the_run_with_its_error(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
+async def test_a_raising_agent_fails_the_run_with_its_error(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
     async def agent(run: runrow.RunContext) -> None:
         await run.text("partial answer")
         raise ValueError("model exploded")
@@ -74,12 +88,15 @@ async def test_slots_are_taken_before_claiming(dsn: str, schema: str, conn: psyc
         await release.wait()
 
     async with runrow.Dispatcher(dsn, agent, schema=schema, concurrency=3, **FAST) as d:
-        runs = [await runrow.enqueue(dsn, schema=schema, conversation_id=f"c{i}", user_id="u", content=i)
-                for i in range(7)]
+        runs = [
+            await runrow.enqueue(dsn, schema=schema, conversation_id=f"c{i}", user_id="u", content=i)
+            for i in range(7)
+        ]
         await wait_for(lambda: len(d.in_flight) == 3, what="three runs in flight")
         for _ in range(10):  # the process is full: it must not claim a fourth
-            cur = await conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE status = 'running'").format(
-                table(schema, "agent_run")))
+            cur = await conn.execute(
+                sql.SQL("SELECT count(*) FROM {} WHERE status = 'running'").format(table(schema, "agent_run"))
+            )
             seen_running.append((await cur.fetchone())[0])  # type: ignore[index]
             await anyio.sleep(0.02)
         release.set()
@@ -93,16 +110,26 @@ async def _all_terminal(conn: psycopg.AsyncConnection, schema: str, runs: list[r
     return all([await _terminal(conn, schema, r.id) for r in runs])
 
 
-async def test_one_claim_statement_takes_many_runs(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
-    runs = [await runrow.enqueue(dsn, schema=schema, conversation_id=f"c{i}", user_id="u", content=i) for i in range(12)]
+async def test_one_claim_statement_takes_many_runs(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    runs = [
+        await runrow.enqueue(dsn, schema=schema, conversation_id=f"c{i}", user_id="u", content=i)
+        for i in range(12)
+    ]
     rows = await manual.claim(conn, schema, limit=8)
     assert len(rows) == 8
     assert len({r["conversation_id"] for r in rows}) == 8
     assert [r["id"] for r in rows] == [r.id for r in runs[:8]]  # oldest first
 
 
-async def test_claim_takes_at_most_one_turn_per_conversation_in_order(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
-    a = [await runrow.enqueue(dsn, schema=schema, conversation_id="A", user_id="u", content=i) for i in range(3)]
+async def test_claim_takes_at_most_one_turn_per_conversation_in_order(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    a = [
+        await runrow.enqueue(dsn, schema=schema, conversation_id="A", user_id="u", content=i)
+        for i in range(3)
+    ]
     b = await runrow.enqueue(dsn, schema=schema, conversation_id="B", user_id="u", content=0)
     rows = await manual.claim(conn, schema, limit=10)
     assert sorted(r["id"] for r in rows) == sorted([a[0].id, b.id])
@@ -114,7 +141,9 @@ async def test_claim_takes_at_most_one_turn_per_conversation_in_order(dsn: str, 
     assert [r["id"] for r in nxt] == [a[1].id]
 
 
-async def test_turns_of_a_conversation_run_one_at_a_time_in_order(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
+async def test_turns_of_a_conversation_run_one_at_a_time_in_order(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
     log: list[tuple[str, int]] = []
     active = {"n": 0, "max": 0}
 
@@ -127,21 +156,30 @@ async def test_turns_of_a_conversation_run_one_at_a_time_in_order(dsn: str, sche
         active["n"] -= 1
 
     async with runrow.Dispatcher(dsn, agent, schema=schema, concurrency=8, **FAST):
-        runs = [await runrow.enqueue(dsn, schema=schema, conversation_id="one", user_id="u", content=i) for i in range(6)]
+        runs = [
+            await runrow.enqueue(dsn, schema=schema, conversation_id="one", user_id="u", content=i)
+            for i in range(6)
+        ]
         await wait_for(lambda: _all_terminal(conn, schema, runs), what="all runs")
     assert active["max"] == 1
     assert log == [(kind, i) for i in range(6) for kind in ("start", "end")]
 
 
-async def test_the_unique_index_is_the_guarantee(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
+async def test_the_unique_index_is_the_guarantee(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
     r1 = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content=1)
     r2 = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content=2)
     await manual.claim(conn, schema)
     # Bypass the claim's filter: the schema itself refuses a second running turn.
     with pytest.raises(psycopg.errors.UniqueViolation):
-        await conn.execute(sql.SQL(
-            "UPDATE {} SET status = 'running', claim_token = gen_random_uuid(), claim_expires_at = now(), "
-            "started_at = now() WHERE id = %s").format(table(schema, "agent_run")), (r2.id,))
+        await conn.execute(
+            sql.SQL(
+                "UPDATE {} SET status = 'running', claim_token = gen_random_uuid(), claim_expires_at = now(), "
+                "started_at = now() WHERE id = %s"
+            ).format(table(schema, "agent_run")),
+            (r2.id,),
+        )
     assert await status_of(conn, schema, r1.id) == "running"
 
 
@@ -159,10 +197,16 @@ async def test_a_claim_that_hits_the_unique_index_claims_nothing_and_carries_on(
     try:
         await intruder.execute("BEGIN")
         # Another turn of the same conversation becomes running in a transaction not yet committed.
-        other = await runrow.enqueue(intruder, schema=schema, conversation_id="c", user_id="u", content="other")
-        await intruder.execute(sql.SQL(
-            "UPDATE {} SET status = 'running', claim_token = gen_random_uuid(), claim_expires_at = now() + interval '1 hour', "
-            "started_at = now() WHERE id = %s").format(table(schema, "agent_run")), (other.id,))
+        other = await runrow.enqueue(
+            intruder, schema=schema, conversation_id="c", user_id="u", content="other"
+        )
+        await intruder.execute(
+            sql.SQL(
+                "UPDATE {} SET status = 'running', claim_token = gen_random_uuid(), claim_expires_at = now() + interval '1 hour', "
+                "started_at = now() WHERE id = %s"
+            ).format(table(schema, "agent_run")),
+            (other.id,),
+        )
         async with runrow.Dispatcher(dsn, agent, schema=schema, **FAST) as d:
             # The dispatcher's claim of `queued` now waits on the intruder's index entry.
             await wait_for(lambda: _waiting_on_lock(conn), what="the claim to block on the index")
@@ -170,8 +214,12 @@ async def test_a_claim_that_hits_the_unique_index_claims_nothing_and_carries_on(
             await wait_for(lambda: d.stats["claim_conflicts"] >= 1, what="a claim conflict")
             assert await status_of(conn, schema, queued.id) == "queued"
             # End the intruder's turn: the queued one then runs.
-            await conn.execute(sql.SQL("UPDATE {} SET status = 'completed', finished_at = now() WHERE id = %s").format(
-                table(schema, "agent_run")), (other.id,))
+            await conn.execute(
+                sql.SQL("UPDATE {} SET status = 'completed', finished_at = now() WHERE id = %s").format(
+                    table(schema, "agent_run")
+                ),
+                (other.id,),
+            )
             await wait_for(lambda: queued.id in done, what="the queued turn to run")
     finally:
         await intruder.close()
@@ -183,7 +231,9 @@ async def _waiting_on_lock(conn: psycopg.AsyncConnection) -> bool:
     return bool(row and row[0] > 0)
 
 
-async def test_a_lost_claim_stops_the_agent_and_writes_nothing_more(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
+async def test_a_lost_claim_stops_the_agent_and_writes_nothing_more(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
     step = anyio.Event()
     outcome: list[str] = []
 
@@ -201,22 +251,32 @@ async def test_a_lost_claim_stops_the_agent_and_writes_nothing_more(dsn: str, sc
         run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
         await wait_for(lambda: _has_event(conn, schema, run.id, "step"), what="first step")
         # Someone else took the run over (a reaper plus a new claim would do this).
-        await conn.execute(sql.SQL("UPDATE {} SET claim_token = gen_random_uuid() WHERE id = %s").format(
-            table(schema, "agent_run")), (run.id,))
+        await conn.execute(
+            sql.SQL("UPDATE {} SET claim_token = gen_random_uuid() WHERE id = %s").format(
+                table(schema, "agent_run")
+            ),
+            (run.id,),
+        )
         step.set()
         await wait_for(lambda: outcome, what="the agent's second write")
         await wait_for(lambda: not d.in_flight, what="the worker to stand down")
         assert d.stats["lost"] >= 1
     assert outcome == ["lease lost"]
     assert await status_of(conn, schema, run.id) == "running"  # the worker wrote no ending
-    assert [t for _, t, _ in await events(conn, schema, run.id)] == ["user_message_created", "run_queued", "step"]
+    assert [t for _, t, _ in await events(conn, schema, run.id)] == [
+        "user_message_created",
+        "run_queued",
+        "step",
+    ]
 
 
 async def _has_event(conn: psycopg.AsyncConnection, schema: str, run_id: uuid.UUID, etype: str) -> bool:
     return any(t == etype for _, t, _ in await events(conn, schema, run_id))
 
 
-async def test_reaper_fails_an_orphan_and_the_next_turn_runs(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
+async def test_reaper_fails_an_orphan_and_the_next_turn_runs(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
     ran: list[object] = []
 
     async def agent(run: runrow.RunContext) -> None:
@@ -225,7 +285,9 @@ async def test_reaper_fails_an_orphan_and_the_next_turn_runs(dsn: str, schema: s
     orphan = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="orphan")
     nxt = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="next")
     (claimed,) = await manual.claim(conn, schema, lease=0.2, worker_id="dead-worker")
-    assert await manual.append(conn, schema, orphan.id, claimed["claim_token"], [(3, "content_delta", {"delta": "half"})])
+    assert await manual.append(
+        conn, schema, orphan.id, claimed["claim_token"], [(3, "content_delta", {"delta": "half"})]
+    )
     async with runrow.Dispatcher(dsn, agent, schema=schema, **{**FAST, "grace": 0.3}) as d:
         await wait_for(lambda: _terminal(conn, schema, orphan.id), what="the orphan to be reaped")
         await wait_for(lambda: ran == ["next"], what="the next turn")
@@ -237,7 +299,9 @@ async def test_reaper_fails_an_orphan_and_the_next_turn_runs(dsn: str, schema: s
     assert await status_of(conn, schema, nxt.id) == "completed"
 
 
-async def test_reaper_heartbeat_race_heartbeat_wins(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
+async def test_reaper_heartbeat_race_heartbeat_wins(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
     """The reaper reads an expired lease; a heartbeat lands; the reaper's write must no-op."""
     run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
     now = await manual.db_now(conn)
@@ -246,7 +310,9 @@ async def test_reaper_heartbeat_race_heartbeat_wins(dsn: str, schema: str, conn:
     # 1. The reaper's read: expired long ago.
     assert await manual.reap_candidates(conn, schema, grace=30, now=later) == [run.id]
     # 2. The worker wakes from its pause and heartbeats before the reaper writes.
-    assert await manual.heartbeat(conn, schema, [(run.id, claimed["claim_token"])], now=now) == {run.id: False}
+    assert await manual.heartbeat(conn, schema, [(run.id, claimed["claim_token"])], now=now) == {
+        run.id: False
+    }
     # 3. The reaper's write re-checks the expiry against the row as it is now: nothing happens.
     assert await manual.reap(conn, schema, [run.id], grace=30, now=later) == []
     assert await status_of(conn, schema, run.id) == "running"
@@ -254,7 +320,9 @@ async def test_reaper_heartbeat_race_heartbeat_wins(dsn: str, schema: str, conn:
     assert await manual.reap(conn, schema, [run.id], grace=30, now=now + timedelta(minutes=5)) == [run.id]
 
 
-async def test_reaper_blocked_behind_a_heartbeat_rechecks_after_it(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
+async def test_reaper_blocked_behind_a_heartbeat_rechecks_after_it(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
     """The same race with real locks: the heartbeat holds the row; the reap waits, then no-ops."""
     run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
     (claimed,) = await manual.claim(conn, schema, lease=0.01)
@@ -286,14 +354,21 @@ async def test_terminal_states_are_sticky(dsn: str, schema: str, conn: psycopg.A
     assert await manual.finalize(conn, schema, run.id, token, "completed", 3)
     # A zombie's late ending, a reap and a stop all leave it as it is.
     assert not await manual.finalize(conn, schema, run.id, token, "failed", 4)
-    assert await reap_expired(conn, schema=schema, grace=0, now=await manual.db_now(conn) + timedelta(hours=1)) == []
+    assert (
+        await reap_expired(conn, schema=schema, grace=0, now=await manual.db_now(conn) + timedelta(hours=1))
+        == []
+    )
     assert (await runrow.cancel_run(conn, run.id, schema=schema)).noop
     assert await status_of(conn, schema, run.id) == "completed"
     await assert_journal_sound(conn, schema, run.id)
 
 
-async def test_retry_creates_one_linked_run_for_the_same_message(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
-    run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x", tenant_id="t")
+async def test_retry_creates_one_linked_run_for_the_same_message(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    run = await runrow.enqueue(
+        dsn, schema=schema, conversation_id="c", user_id="u", content="x", tenant_id="t"
+    )
     with pytest.raises(runrow.InvalidInput, match="only failed or cancelled"):
         await runrow.retry_run(dsn, run.id, schema=schema)
     (claimed,) = await manual.claim(conn, schema)
@@ -319,7 +394,10 @@ async def test_a_finished_turn_wakes_the_next_one_in_the_same_process(
     async def agent(run: runrow.RunContext) -> None:
         order.append(run.content)
 
-    runs = [await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content=i) for i in range(3)]
+    runs = [
+        await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content=i)
+        for i in range(3)
+    ]
     async with runrow.Dispatcher(dsn, agent, schema=schema, notifications=False, **{**FAST, "poll": 60.0}):
         # The first claim at start-up takes turn 0; turns 1 and 2 can only start in time
         # if each ending wakes the claim loop (the tick is 60 s away).
@@ -327,7 +405,9 @@ async def test_a_finished_turn_wakes_the_next_one_in_the_same_process(
     assert order == [0, 1, 2]
 
 
-async def test_a_remote_finalize_wakes_the_next_turn(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
+async def test_a_remote_finalize_wakes_the_next_turn(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
     """Turn 1 is held by another worker (here: by hand); when it ends, its NOTIFY wakes
     this dispatcher, which starts turn 2 at once instead of on its 60 s tick."""
     started: dict[object, float] = {}
@@ -339,7 +419,9 @@ async def test_a_remote_finalize_wakes_the_next_turn(dsn: str, schema: str, conn
     t2 = await runrow.enqueue(dsn, schema=schema, conversation_id="e", user_id="u", content="t2")
     (held,) = await manual.claim(conn, schema)
     assert held["id"] == t1.id
-    async with runrow.Dispatcher(dsn, agent, schema=schema, **{**FAST, "poll": 60.0, "reap_interval": 60.0}) as d:
+    async with runrow.Dispatcher(
+        dsn, agent, schema=schema, **{**FAST, "poll": 60.0, "reap_interval": 60.0}
+    ) as d:
         await wait_for(lambda: d.hub is not None and d.hub.connected, what="the hub")
         await anyio.sleep(0.1)  # the claim loop has found nothing and parked
         ended_at = anyio.current_time()
@@ -349,7 +431,9 @@ async def test_a_remote_finalize_wakes_the_next_turn(dsn: str, schema: str, conn
     assert await status_of(conn, schema, t2.id) == "completed"
 
 
-async def test_drain_lets_runs_finish_within_the_budget(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
+async def test_drain_lets_runs_finish_within_the_budget(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
     go = anyio.Event()
 
     async def agent(run: runrow.RunContext) -> None:
@@ -358,7 +442,10 @@ async def test_drain_lets_runs_finish_within_the_budget(dsn: str, schema: str, c
 
     d = runrow.Dispatcher(dsn, agent, schema=schema, concurrency=4, **FAST)
     async with d:
-        runs = [await runrow.enqueue(dsn, schema=schema, conversation_id=f"c{i}", user_id="u", content=i) for i in range(4)]
+        runs = [
+            await runrow.enqueue(dsn, schema=schema, conversation_id=f"c{i}", user_id="u", content=i)
+            for i in range(4)
+        ]
         await wait_for(lambda: len(d.in_flight) == 4, what="four runs in flight")
         go.set()
         report = await d.stop(drain_timeout=10)
@@ -371,14 +458,19 @@ async def test_drain_lets_runs_finish_within_the_budget(dsn: str, schema: str, c
     assert await status_of(conn, schema, late.id) == "queued"  # stopped claiming
 
 
-async def test_drain_budget_spent_interrupts_and_records_the_rest(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
+async def test_drain_budget_spent_interrupts_and_records_the_rest(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
     async def agent(run: runrow.RunContext) -> None:
         await run.text("working on it")
         await anyio.sleep_forever()
 
     d = runrow.Dispatcher(dsn, agent, schema=schema, concurrency=2, **FAST)
     async with d:
-        runs = [await runrow.enqueue(dsn, schema=schema, conversation_id=f"c{i}", user_id="u", content=i) for i in range(2)]
+        runs = [
+            await runrow.enqueue(dsn, schema=schema, conversation_id=f"c{i}", user_id="u", content=i)
+            for i in range(2)
+        ]
         await wait_for(lambda: len(d.in_flight) == 2, what="two runs in flight")
         report = await d.stop(drain_timeout=0.2)
     assert sorted(report.interrupted) == sorted(r.id for r in runs)
@@ -412,12 +504,19 @@ async def test_dispatcher_refuses_an_unmigrated_schema(dsn: str) -> None:
             pass
 
 
-async def test_invalid_events_are_rejected_and_the_run_fails(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
+async def test_invalid_events_are_rejected_and_the_run_fails(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
     errors: list[str] = []
 
     async def agent(run: runrow.RunContext) -> None:
-        for bad in ({"no": "type"}, {"type": "complete"}, {"type": "content_delta", "delta": 3},
-                    {"type": "x", "v": "nul\x00"}, {"type": "x", "v": object()}):
+        for bad in (
+            {"no": "type"},
+            {"type": "complete"},
+            {"type": "content_delta", "delta": 3},
+            {"type": "x", "v": "nul\x00"},
+            {"type": "x", "v": object()},
+        ):
             try:
                 await run.emit(bad)
             except runrow.InvalidInput as exc:

@@ -1,0 +1,316 @@
+"""Guarantees under real concurrency and real process death: several OS processes,
+SIGKILL, SIGSTOP past the lease, SIGTERM drain."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import psycopg
+import pytest
+from psycopg import sql
+
+import runrow
+
+from .agents import SIDE_EFFECT_DDL, side_effect_table
+from .helpers import assert_journal_sound, run_row, status_of, table, wait_for
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Workers:
+    """Worker processes of one test; all killed at the end whatever happens."""
+
+    def __init__(self, dsn: str, schema: str) -> None:
+        self.env = {**os.environ, "RUNROW_TEST_DSN": dsn, "RUNROW_TEST_SCHEMA": schema}
+        self.procs: list[subprocess.Popen[str]] = []
+
+    def start(
+        self,
+        agent: str,
+        *,
+        dispatchers: int = 1,
+        concurrency: int = 4,
+        lease: float = 2.0,
+        heartbeat: float = 0.5,
+        grace: float = 1.0,
+        poll: float = 0.5,
+        env: dict[str, str] | None = None,
+    ) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.worker_proc",
+                agent,
+                str(dispatchers),
+                str(concurrency),
+                str(lease),
+                str(heartbeat),
+                str(grace),
+                str(poll),
+            ],
+            cwd=ROOT,
+            env={**self.env, **(env or {})},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.procs.append(proc)
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.strip() == "ready", (line, proc.stderr.read() if proc.poll() is not None else "")  # type: ignore[union-attr]
+        return proc
+
+    def kill_all(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+                p.kill()
+            p.wait()
+            for stream in (p.stdout, p.stderr):
+                if stream is not None:
+                    stream.close()
+
+
+@pytest.fixture
+def workers(dsn: str, schema: str) -> Iterator[Workers]:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute(sql.SQL(SIDE_EFFECT_DDL).format(t=side_effect_table(schema)))
+    w = Workers(dsn, schema)
+    try:
+        yield w
+    finally:
+        w.kill_all()
+
+
+async def _side_effects(conn: psycopg.AsyncConnection, schema: str, step: str) -> list[tuple[object, ...]]:
+    cur = await conn.execute(
+        sql.SQL("SELECT run_id, conversation_id, pid, at FROM {} WHERE step = %s").format(
+            side_effect_table(schema)
+        ),
+        (step,),
+    )
+    return await cur.fetchall()
+
+
+async def test_eight_dispatchers_in_four_processes_drain_2000_runs(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection, workers: Workers
+) -> None:
+    for _ in range(4):
+        workers.start("record_agent", dispatchers=2, concurrency=8)
+    runs: list[runrow.Run] = []
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as enq:
+        for i in range(2000):
+            runs.append(
+                await runrow.enqueue(
+                    enq, schema=schema, conversation_id=f"conv-{i % 200}", user_id="u", content=i
+                )
+            )
+
+    async def all_done() -> bool:
+        cur = await conn.execute(
+            sql.SQL("SELECT count(*) FROM {} WHERE status = 'completed'").format(table(schema, "agent_run"))
+        )
+        return (await cur.fetchone())[0] == 2000  # type: ignore[index]
+
+    await wait_for(all_done, timeout=180, interval=0.2, what="2000 runs to complete")
+    starts = await _side_effects(conn, schema, "start")
+    ends = await _side_effects(conn, schema, "end")
+    # Exactly once: one start and one end side effect per run (the key forbids a second).
+    assert len(starts) == len(ends) == 2000
+    assert {r[0] for r in starts} == {r.id for r in runs}
+    assert len({r[2] for r in starts}) == 4  # all four processes did work
+    # Per conversation: turns ran in enqueue order and never overlapped.
+    order = {r.id: i for i, r in enumerate(runs)}
+    span = {r[0]: [r[3], None] for r in starts}
+    for r in ends:
+        span[r[0]][1] = r[3]
+    by_conv: dict[object, list[tuple[object, ...]]] = {}
+    for run_id, conv, _pid, _at in starts:
+        by_conv.setdefault(conv, []).append((span[run_id][0], span[run_id][1], order[run_id]))
+    for conv, turns in by_conv.items():
+        turns.sort()
+        assert [t[2] for t in turns] == sorted(t[2] for t in turns), f"{conv} ran out of order"
+        for before, after in zip(turns, turns[1:], strict=False):
+            assert before[1] <= after[0], f"{conv}: two turns overlapped"
+    for r in runs[:50]:
+        await assert_journal_sound(conn, schema, r.id)
+
+
+async def test_sigkill_mid_run_fails_within_lease_plus_grace_then_next_turn_runs(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection, workers: Workers
+) -> None:
+    victim = workers.start("hang_agent", lease=2.0, heartbeat=0.5, grace=1.0)
+    r1 = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="doomed")
+    r2 = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="next")
+    await wait_for(lambda: _side_effects(conn, schema, "start"), what="the run to start")
+    victim.kill()
+    killed_at = anyio.current_time()
+    victim.wait()
+    # A survivor (another process) reaps it and runs the conversation's next turn.
+    workers.start("record_agent", lease=2.0, heartbeat=0.5, grace=1.0, poll=0.5)
+    await wait_for(lambda: _is(conn, schema, r1.id, "failed"), timeout=20, what="the reap")
+    reaped_after = anyio.current_time() - killed_at
+    assert reaped_after < 2.0 + 1.0 + 0.5 + 3.0  # lease + grace + one tick, plus start-up slack
+    row = await run_row(conn, schema, r1.id)
+    assert row["error"]["type"] == "worker_lost"
+    evs = await assert_journal_sound(conn, schema, r1.id)
+    assert evs[-1][2]["reason"] == "worker_lost"
+    await wait_for(lambda: _is(conn, schema, r2.id, "completed"), timeout=20, what="the next turn")
+
+
+async def _is(conn: psycopg.AsyncConnection, schema: str, run_id: object, status: str) -> bool:
+    return await status_of(conn, schema, run_id) == status
+
+
+async def test_sigstop_past_the_lease_then_sigcont_writes_nothing_after_the_reap(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection, workers: Workers
+) -> None:
+    sleeper = workers.start(
+        "chatty_agent", lease=1.0, heartbeat=0.25, grace=0.5, env={"RUNROW_TEST_STEPS": "200"}
+    )
+    run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
+    await wait_for(lambda: _event_count(conn, schema, run.id, 5), what="the stream to be flowing")
+    sleeper.send_signal(signal.SIGSTOP)
+    async with runrow.Dispatcher(
+        dsn,
+        _never,
+        schema=schema,
+        lease=1.0,
+        heartbeat=0.25,
+        grace=0.5,
+        poll=0.2,
+        reap_interval=0.2,
+        concurrency=1,
+    ):
+        await wait_for(lambda: _is(conn, schema, run.id, "failed"), timeout=15, what="the reap")
+    frozen = await _events(conn, schema, run.id)
+    sleeper.send_signal(signal.SIGCONT)
+    # It wakes, its next fenced write matches nothing, and it stands down on its own.
+    assert sleeper.stderr is not None
+    await wait_for(lambda: _stood_down(sleeper), timeout=15, what="the worker to stand down")
+    assert await _events(conn, schema, run.id) == frozen
+    evs = await assert_journal_sound(conn, schema, run.id)
+    assert evs[-1][2]["reason"] == "worker_lost"
+    assert await status_of(conn, schema, run.id) == "failed"
+    msgs = await runrow.transcript(dsn, "c", schema=schema)
+    assert [m.role for m in msgs] == ["user"]  # its late answer never landed
+    assert await _side_effects(conn, schema, "end") == []
+
+
+_stderr_seen: dict[int, str] = {}
+
+
+def _stood_down(proc: subprocess.Popen[str]) -> bool:
+    # Read what the worker logged so far without blocking.
+    import fcntl
+
+    assert proc.stderr is not None
+    fd = proc.stderr.fileno()
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
+    try:
+        chunk = os.read(fd, 65536).decode(errors="replace")
+    except BlockingIOError:
+        chunk = ""
+    _stderr_seen[proc.pid] = _stderr_seen.get(proc.pid, "") + chunk
+    return "standing down" in _stderr_seen[proc.pid]
+
+
+async def _never(run: runrow.RunContext) -> None:
+    raise AssertionError("this dispatcher only reaps")
+
+
+async def _events(conn: psycopg.AsyncConnection, schema: str, run_id: object) -> list[tuple[object, ...]]:
+    cur = await conn.execute(
+        sql.SQL("SELECT seq, type FROM {} WHERE run_id = %s ORDER BY seq").format(table(schema, "run_event")),
+        (run_id,),
+    )
+    return await cur.fetchall()
+
+
+async def _event_count(conn: psycopg.AsyncConnection, schema: str, run_id: object, n: int) -> bool:
+    return len(await _events(conn, schema, run_id)) >= n
+
+
+async def test_sigterm_drains_ten_running_runs(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection, workers: Workers
+) -> None:
+    proc = workers.start(
+        "slow_agent",
+        concurrency=10,
+        lease=5.0,
+        heartbeat=1.0,
+        grace=2.0,
+        env={"RUNROW_TEST_SLEEP": "1.5", "RUNROW_TEST_DRAIN": "20"},
+    )
+    runs = [
+        await runrow.enqueue(dsn, schema=schema, conversation_id=f"c{i}", user_id="u", content=i)
+        for i in range(10)
+    ]
+
+    async def ten_started() -> bool:
+        return len(await _side_effects(conn, schema, "start")) == 10
+
+    await wait_for(ten_started, what="ten runs running")
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err[-2000:]
+    assert "drained finished=10 interrupted=0 left=0" in out
+    for r in runs:
+        row = await run_row(conn, schema, r.id)
+        assert row["status"] == "completed", row
+        await assert_journal_sound(conn, schema, r.id)
+    assert len(await _side_effects(conn, schema, "end")) == 10
+
+
+async def test_cli_worker_runs_and_drains_on_sigterm(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection, workers: Workers
+) -> None:
+    """The `runrow worker module:callable` command itself."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "runrow.cli",
+            "worker",
+            "tests.agents:record_agent",
+            "--database-url",
+            dsn,
+            "--schema",
+            schema,
+            "--concurrency",
+            "2",
+            "--lease-seconds",
+            "4",
+            "--heartbeat-seconds",
+            "1",
+            "--poll-seconds",
+            "0.5",
+        ],
+        cwd=ROOT,
+        env=workers.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    workers.procs.append(proc)
+    assert proc.stdout is not None
+    assert "ready" in proc.stdout.readline()
+    runs = [
+        await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content=i)
+        for i in range(3)
+    ]
+    for r in runs:
+        await wait_for(lambda r=r: _is(conn, schema, r.id, "completed"), what="runs via the CLI worker")
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err[-2000:]
+    assert "stopped: 0 finished, 0 interrupted, 0 left for the reaper" in out
+    assert err.count("started") >= 3 and "completed" in err  # one log line per run start/end
