@@ -3,6 +3,7 @@ SIGKILL, SIGSTOP past the lease, SIGTERM drain."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import subprocess
@@ -138,7 +139,7 @@ async def test_eight_dispatchers_in_four_processes_drain_2000_runs(
     for conv, turns in by_conv.items():
         turns.sort()
         assert [t[2] for t in turns] == sorted(t[2] for t in turns), f"{conv} ran out of order"
-        for before, after in zip(turns, turns[1:], strict=False):
+        for before, after in itertools.pairwise(turns):
             assert before[1] <= after[0], f"{conv}: two turns overlapped"
     for r in runs[:50]:
         await assert_journal_sound(conn, schema, r.id)
