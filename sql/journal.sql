@@ -65,3 +65,11 @@ WITH old AS (
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM marked) AS runs, (SELECT count(*) FROM gone) AS events
+
+-- name: flush_landed
+-- After a flush failed without an answer (connection lost): did its rows land, and does
+-- this worker still hold the claim? Decides between "done", "retry" and "stand down".
+SELECT (SELECT count(*) FROM {schema}.run_event
+        WHERE run_id = %(run_id)s AND seq = ANY(%(seqs)s::integer[])) AS landed,
+       EXISTS (SELECT 1 FROM {schema}.agent_run
+               WHERE id = %(run_id)s AND claim_token = %(claim_token)s AND status = 'running') AS owned

@@ -80,8 +80,8 @@ SELECT cancel_requested FROM {schema}.agent_run
 WHERE id = %(run_id)s AND claim_token = %(claim_token)s AND status = 'running'
 
 -- name: finalize
--- Terminal writes of one or more runs: pending journal rows, the terminal event, a
--- partial answer where a turn was cut short, the status, and the wakes, all or nothing.
+-- Terminal writes of one or more runs: pending journal rows, the terminal event, any
+-- streamed text not yet in the transcript, the status, and the wakes, all or nothing.
 -- A run missing from the result was already ended by someone else: stand down.
 WITH f AS (
     SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(statuses)s::text[],
@@ -91,10 +91,13 @@ WITH f AS (
     UPDATE {schema}.agent_run a SET status = f.status, error = f.error, finished_at = now()
     FROM f
     WHERE a.id = f.id AND a.claim_token = f.token AND a.status = 'running'
-    RETURNING a.id, a.conversation_id, f.partial
-), partial AS (
+    RETURNING a.id, a.conversation_id, f.partial, f.status
+), answer AS (
+    -- Streamed text the agent never wrote to the transcript: its answer if the run
+    -- completed, a partial answer if it was cut short.
     INSERT INTO {schema}.message (conversation_id, run_id, role, content, status)
-    SELECT fin.conversation_id, fin.id, 'assistant', to_jsonb(fin.partial), 'partial'
+    SELECT fin.conversation_id, fin.id, 'assistant', to_jsonb(fin.partial),
+           CASE WHEN fin.status = 'completed' THEN 'complete' ELSE 'partial' END
     FROM fin WHERE fin.partial IS NOT NULL
 ), ev AS (
     INSERT INTO {schema}.run_event (run_id, seq, type, payload)

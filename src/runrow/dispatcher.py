@@ -187,6 +187,7 @@ class Dispatcher:
         self._stopping = False
         self._report: DrainReport | None = None
         self._unrecorded: set[uuid.UUID] = set()  # runs whose ending we could not write
+        self._last_pool_check = -1e9
         self._appender: GroupCommit[AppendItem, bool] = GroupCommit(self._append_batch)
         self._finalizer: GroupCommit[_FinalItem, bool] = GroupCommit(self._finalize_batch)
         self._queries = {
@@ -194,6 +195,7 @@ class Dispatcher:
             "heartbeat": _sql.statement("heartbeat", schema),
             "cancel_flag": _sql.statement("cancel_flag", schema),
             "finalize": _sql.statement("finalize", schema),
+            "flush_landed": _sql.statement("flush_landed", schema),
             # Without the per-flush NOTIFY, tails fall back to polling (for measurement).
             "append_events": _sql.statement("append_events", schema)
             if journal_notify
@@ -363,6 +365,7 @@ class Dispatcher:
                 except (psycopg.Error, OSError, TimeoutError) as exc:
                     for _ in range(want):
                         self._slots.release()
+                    self._db_trouble()
                     log.warning("claim failed: %s", exc, extra={"worker_id": self.worker_id})
                     await anyio.sleep(backoff)
                     backoff = min(backoff * 2, self.poll)
@@ -424,6 +427,8 @@ class Dispatcher:
             flush_interval=self.flush_interval,
             max_event_bytes=self.max_event_bytes,
             on_lost=lambda: self._lost(run_id),
+            resolve=self._flush_landed,
+            retry_budget=self.lease / 2,
         )
         ctx = RunContext(self, row, journal)
         active.journal, active.ctx = journal, ctx
@@ -497,6 +502,7 @@ class Dispatcher:
                 try:
                     landed = await self._finalizer.submit(item)
                 except (psycopg.OperationalError, OSError, TimeoutError) as exc:
+                    self._db_trouble()
                     log.warning("finalize of run %s failed (attempt %d): %s", active.id, attempt + 1, exc)
                     await anyio.sleep(0.2 * (attempt + 1))
                     continue
@@ -508,6 +514,31 @@ class Dispatcher:
                 return landed
         self._unrecorded.add(active.id)
         return False
+
+    async def _flush_landed(self, run_id: uuid.UUID, token: uuid.UUID, seqs: list[int]) -> tuple[int, bool]:
+        self._db_trouble()
+        async with statement_conn(self.pool) as conn:
+            cur = await conn.execute(
+                self._queries["flush_landed"], {"run_id": run_id, "claim_token": token, "seqs": seqs}
+            )
+            row = await cur.fetchone()
+        assert row is not None
+        return int(row[0]), bool(row[1])
+
+    def _db_trouble(self) -> None:
+        """A statement failed for want of a connection: have the pool test its idle
+        connections and replace dead ones (after a server restart they all are)."""
+        now = anyio.current_time()
+        if self._tg is None or now - self._last_pool_check < 1.0:
+            return
+        self._last_pool_check = now
+        self._tg.start_soon(self._check_pool)
+
+    async def _check_pool(self) -> None:
+        try:
+            await self.pool.check()
+        except Exception as exc:  # pragma: no cover - best effort
+            log.debug("pool check failed: %s", exc)
 
     async def _append_batch(self, items: list[AppendItem]) -> list[bool]:
         runs, tokens, seqs, types, payloads = [], [], [], [], []
@@ -639,6 +670,7 @@ class Dispatcher:
                 )
                 alive = {r[0]: r[1] for r in await cur.fetchall()}
         except (psycopg.Error, OSError) as exc:
+            self._db_trouble()
             log.warning("heartbeat failed: %s", exc, extra={"worker_id": self.worker_id})
             return
         for a in actives:

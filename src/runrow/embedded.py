@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -254,7 +255,9 @@ class EmbeddedPostgres:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                preexec_fn=_pdeathsig,
+                # The parent-death signal follows the *thread* that forks: only the main
+                # thread lives as long as the process, so only it arms the signal.
+                preexec_fn=_pdeathsig if threading.current_thread() is threading.main_thread() else None,
                 env={**os.environ, "LC_ALL": "C"},
                 user=_uid(self.user),
                 group=_gid(self.user),

@@ -18,16 +18,19 @@ fenced the worker out.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import psycopg
 from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
 
 from . import _json, _sql
 from ._db import Database, statement_conn
@@ -109,6 +112,8 @@ class JournalWriter:
         flush_interval: float,
         max_event_bytes: int,
         on_lost: Callable[[], None],
+        resolve: Callable[[uuid.UUID, uuid.UUID, list[int]], Awaitable[tuple[int, bool]]] | None = None,
+        retry_budget: float = 10.0,
     ) -> None:
         self.run_id = run_id
         self.claim_token = claim_token
@@ -117,6 +122,8 @@ class JournalWriter:
         self._interval = flush_interval
         self._max_bytes = max_event_bytes
         self._on_lost = on_lost
+        self._resolve = resolve
+        self._retry_budget = retry_budget
         self._lock = anyio.Lock()
         self._pending: dict[str, Any] | None = None
         self._pending_key: str | None = None
@@ -188,7 +195,7 @@ class JournalWriter:
                 return
             rows = self._number(events)
             try:
-                landed = await self._appender.submit((self.run_id, self.claim_token, rows))
+                landed = await self._submit_resolving(rows)
             except BaseException as exc:
                 # Unknown whether it landed: this writer cannot number another row.
                 self.broken = exc
@@ -200,6 +207,39 @@ class JournalWriter:
             self.next_seq += len(rows)
             self.rows_written += len(rows)
             self.flushes += 1
+
+    async def _submit_resolving(self, rows: list[tuple[int, str, str]]) -> bool:
+        """Submits a flush; if the connection fails without an answer (a database restart,
+        a cut connection), asks the database whether the rows landed and retries if not."""
+        delay = 0.05
+        deadline = anyio.current_time() + self._retry_budget
+        while True:
+            try:
+                return await self._appender.submit((self.run_id, self.claim_token, rows))
+            except (psycopg.OperationalError, psycopg.InterfaceError, TimeoutError) as exc:
+                if self._resolve is None or anyio.current_time() + delay > deadline:
+                    raise
+                log.info(
+                    "flush of run %s failed (%s); checking whether it landed",
+                    self.run_id,
+                    exc,
+                    extra={"run_id": str(self.run_id)},
+                )
+            while True:
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                try:
+                    landed, owned = await self._resolve(self.run_id, self.claim_token, [r[0] for r in rows])
+                    break
+                except (psycopg.OperationalError, psycopg.InterfaceError, TimeoutError):
+                    if anyio.current_time() + delay > deadline:
+                        raise
+            if landed == len(rows):
+                return True
+            if not owned:
+                return False
+            if landed:  # part of a batch cannot land alone; the seqs are someone else's
+                raise LeaseLost(self.run_id)
 
     def final_rows(self, terminal: dict[str, Any]) -> list[tuple[int, str, str]]:
         """Pending text plus the terminal event, numbered, for the finalize statement."""
@@ -262,27 +302,28 @@ async def tail(
     state_q = _sql.statement("run_terminal_state", schema)
     cursor = from_seq
     async with AsyncExitStack() as stack:
-        if isinstance(db, str):
-            # One connection for the tail's life rather than one per read.
-            db = await stack.enter_async_context(await AsyncConnection.connect(db, autocommit=True))
+        own = isinstance(db, str)  # then the tail keeps one connection of its own
+        conn_box: list[AsyncConnection] = []
         sub = None
         if hub is not None and hub.running:
             sub = await stack.enter_async_context(hub.subscribe(Channels.for_schema(schema).events(rid)))
+        stack.push_async_callback(_close_all, conn_box)
         idle_since = anyio.current_time()
+        backoff = poll
         while True:
-            async with statement_conn(db) as conn:
-                cur = await conn.execute(read_q, {"run_id": rid, "after": cursor, "limit": batch})
-                rows = await cur.fetchall()
-                state = None
-                if not rows:
-                    cur = await conn.execute(state_q, {"run_id": rid})
-                    state = await cur.fetchone()
-                    if state is None:
-                        raise RunNotFound(rid)
-                    if state[0] in TERMINAL:
-                        # The finalize commits the status with its event: read once more.
-                        cur = await conn.execute(read_q, {"run_id": rid, "after": cursor, "limit": batch})
-                        rows = await cur.fetchall()
+            try:
+                rows, state = await _read(db, conn_box, own, read_q, state_q, rid, cursor, batch)
+                backoff = poll
+            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                # The database is unreachable for now: a tail waits it out (keepalives
+                # continue), reconnecting as needed. A dropped read only costs latency.
+                log.info("tail of run %s cannot read (%s); retrying", rid, exc, extra={"run_id": str(rid)})
+                await _close_all(conn_box)
+                if isinstance(db, AsyncConnectionPool):
+                    with contextlib.suppress(Exception):
+                        await db.check()  # weed out the pool's dead connections
+                rows, state = [], None
+                backoff = min(backoff * 2, keepalive)
             for seq, etype, payload in rows:
                 cursor = seq
                 yield Event(seq, etype, payload)
@@ -304,8 +345,49 @@ async def tail(
                 idle_since = now
             wait = max(0.0, idle_since + keepalive - now)
             if sub is None or hub is None or not hub.connected:
-                wait = min(wait, poll)
+                wait = min(wait, backoff)
             if sub is not None:
                 await sub.wait(wait)
             else:
                 await anyio.sleep(wait)
+
+
+async def _read(
+    db: Database,
+    conn_box: list[AsyncConnection],
+    own: bool,
+    read_q: bytes,
+    state_q: bytes,
+    rid: uuid.UUID,
+    cursor: int,
+    batch: int,
+) -> tuple[list[tuple[Any, ...]], tuple[Any, ...] | None]:
+    """Events after ``cursor``; when there are none, the run's (status, error) as well."""
+    if own:
+        if not conn_box or conn_box[0].closed:
+            assert isinstance(db, str)
+            conn_box[:] = [await AsyncConnection.connect(db, autocommit=True)]
+        source: Database = conn_box[0]
+    else:
+        source = db
+    async with statement_conn(source) as conn:
+        cur = await conn.execute(read_q, {"run_id": rid, "after": cursor, "limit": batch})
+        rows = await cur.fetchall()
+        if rows:
+            return rows, None
+        cur = await conn.execute(state_q, {"run_id": rid})
+        state = await cur.fetchone()
+        if state is None:
+            raise RunNotFound(rid)
+        if state[0] in TERMINAL:
+            # The ending commits the status with its event: read once more.
+            cur = await conn.execute(read_q, {"run_id": rid, "after": cursor, "limit": batch})
+            rows = await cur.fetchall()
+        return rows, state
+
+
+async def _close_all(conn_box: list[AsyncConnection]) -> None:
+    for c in conn_box:
+        with anyio.CancelScope(shield=True):
+            await c.close()
+    conn_box.clear()

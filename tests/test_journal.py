@@ -1,0 +1,257 @@
+"""The journal: coalescing writer, fenced flushes, and a tail that resumes exactly."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import anyio
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from psycopg import sql
+
+import runrow
+from runrow._names import Channels
+
+from . import manual
+from .helpers import assert_journal_sound, events, run_row, status_of, table, wait_for
+
+pytestmark = pytest.mark.anyio
+FAST = {"poll": 0.5, "heartbeat": 0.2, "lease": 2.0, "grace": 1.0, "reap_interval": 0.2}
+
+
+async def test_deltas_merge_on_the_flush_clock(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
+    """200 deltas over about a second become a handful of rows, text intact and in order."""
+
+    async def agent(run: runrow.RunContext) -> None:
+        for i in range(200):
+            await run.text(f"{i},")
+            await anyio.sleep(0.005)
+        await run.emit({"type": "message_done"})
+
+    async with runrow.Dispatcher(dsn, agent, schema=schema, flush_interval=0.25, **FAST):
+        run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
+        await wait_for(lambda: _terminal(conn, schema, run.id), what="terminal")
+    evs = await assert_journal_sound(conn, schema, run.id)
+    deltas = [p["delta"] for _, t, p in evs if t == "content_delta"]
+    assert "".join(deltas) == "".join(f"{i}," for i in range(200))
+    assert 2 <= len(deltas) <= 12  # ~1 s of text on a 250 ms clock, never one row per delta
+    assert [t for _, t, _ in evs][-2:] == ["message_done", "complete"]
+
+
+async def _terminal(conn: psycopg.AsyncConnection, schema: str, run_id: uuid.UUID) -> bool:
+    return await status_of(conn, schema, run_id) in ("completed", "failed", "cancelled")
+
+
+async def test_streams_do_not_merge_and_structural_events_flush_first(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    async def agent(run: runrow.RunContext) -> None:
+        await run.text("a")
+        await run.text("b")
+        await run.text("thinking", stream="reasoning")
+        await run.text("c")
+        await run.emit({"type": "tool_call_started", "tool_call_id": "1"})
+        await run.text("d")
+
+    async with runrow.Dispatcher(dsn, agent, schema=schema, flush_interval=60, **FAST):
+        run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
+        await wait_for(lambda: _terminal(conn, schema, run.id), what="terminal")
+    evs = await assert_journal_sound(conn, schema, run.id)
+    assert [(t, p) for _, t, p in evs[2:]] == [
+        ("content_delta", {"delta": "ab"}),
+        ("content_delta", {"delta": "thinking", "stream": "reasoning"}),
+        ("content_delta", {"delta": "c"}),
+        ("tool_call_started", {"tool_call_id": "1"}),
+        ("content_delta", {"delta": "d"}),  # flushed with the terminal write
+        ("complete", {"status": "completed"}),
+    ]
+    # Never written by the agent, the default stream's text is kept as its answer.
+    msgs = await runrow.transcript(dsn, "c", schema=schema)
+    assert [(m.content, m.status) for m in msgs if m.role == "assistant"] == [("abcd", "complete")]
+
+
+async def test_a_zombie_flush_writes_nothing_and_announces_nothing(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
+    (claimed,) = await manual.claim(conn, schema)
+    channel = Channels.for_schema(schema).events(run.id)
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as listener:
+        await listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+        # The claim changes hands: the old token is a zombie's.
+        await conn.execute(
+            sql.SQL("UPDATE {} SET claim_token = gen_random_uuid() WHERE id = %s").format(
+                table(schema, "agent_run")
+            ),
+            (run.id,),
+        )
+        assert not await manual.append(
+            conn, schema, run.id, claimed["claim_token"], [(3, "content_delta", {"delta": "boo"})]
+        )
+        await conn.execute("SELECT pg_notify(%s, 'sentinel')", (channel,))
+        got = [n.payload async for n in listener.notifies(timeout=5, stop_after=1)]
+    assert got == ["sentinel"]  # the zombie's flush sent nothing before it
+    assert [s for s, _, _ in await events(conn, schema, run.id)] == [1, 2]
+
+
+async def test_a_flush_lands_with_its_notify(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
+    run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
+    (claimed,) = await manual.claim(conn, schema)
+    channel = Channels.for_schema(schema).events(run.id)
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as listener:
+        await listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+        assert await manual.append(
+            conn, schema, run.id, claimed["claim_token"], [(3, "content_delta", {"delta": "hi"})]
+        )
+        got = [n.channel async for n in listener.notifies(timeout=5, stop_after=1)]
+    assert got == [channel]
+
+
+async def _journal(
+    conn: psycopg.AsyncConnection, schema: str, run_id: uuid.UUID
+) -> list[tuple[int, str, dict[str, object]]]:
+    return [(s, t, p) for s, t, p in await events(conn, schema, run_id)]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    batches=st.lists(st.integers(min_value=1, max_value=6), min_size=1, max_size=8),
+    cuts=st.lists(st.integers(min_value=1, max_value=5), min_size=0, max_size=10),
+)
+async def test_resuming_from_any_cursor_yields_exactly_the_missing_suffix(
+    dsn: str, schema: str, batches: list[int], cuts: list[int]
+) -> None:
+    """Events are appended in random batches while a reader repeatedly reads a few
+    events, disconnects, and resumes from its last seq: the concatenation is the journal."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        run = await runrow.enqueue(
+            conn, schema=schema, conversation_id=f"c-{uuid.uuid4().hex[:6]}", user_id="u", content="x"
+        )
+        (claimed,) = await manual.claim(conn, schema, limit=1)
+        assert claimed["id"] == run.id
+        token = claimed["claim_token"]
+        seen: list[int] = []
+        cursor = 0
+        seq = 3
+
+        async def writer() -> None:
+            nonlocal seq
+            for size in batches:
+                evs = [(seq + i, "content_delta", {"delta": f"d{seq + i}"}) for i in range(size)]
+                assert await manual.append(conn, schema, run.id, token, evs)
+                seq += size
+                await anyio.sleep(0.003)
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as fin:
+                assert await manual.finalize(fin, schema, run.id, token, "completed", seq)
+
+        async with runrow.NotifyHub(dsn) as hub, anyio.create_task_group() as tg:
+            tg.start_soon(writer)
+            pending_cuts = list(cuts)
+            done = False
+            while not done:
+                take = pending_cuts.pop(0) if pending_cuts else 10_000
+                got = 0
+                async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as reader:
+                    async for ev in runrow.tail(
+                        reader, run.id, from_seq=cursor, hub=hub, schema=schema, keepalive=5
+                    ):
+                        if ev.keepalive:
+                            continue
+                        seen.append(ev.seq)
+                        cursor = ev.seq
+                        got += 1
+                        if ev.terminal:
+                            done = True
+                            break
+                        if got >= take:
+                            break  # the client drops the stream here
+        journal = await _journal(conn, schema, run.id)
+        assert seen == [s for s, _, _ in journal]  # no gap, no duplicate, in order
+        assert journal[-1][1] == "complete"
+
+
+async def test_tail_ends_with_a_synthesised_terminal_when_none_was_journaled(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
+    await manual.claim(conn, schema)
+    got: list[runrow.Event] = []
+
+    async def follow() -> None:
+        async for ev in runrow.tail(dsn, run.id, schema=schema, poll=0.05):
+            got.append(ev)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(follow)
+        await wait_for(lambda: len(got) == 2, what="catch-up")
+        # An ending that never journaled its event (a finalize cut off mid-way, or trimmed).
+        await conn.execute(
+            sql.SQL("UPDATE {} SET status = 'failed', finished_at = now(), error = %s WHERE id = %s").format(
+                table(schema, "agent_run")
+            ),
+            (psycopg.types.json.Jsonb({"type": "boom"}), run.id),
+        )
+    assert [e.seq for e in got] == [1, 2, 3]
+    assert got[-1].type == "complete" and got[-1].payload == {
+        "status": "failed",
+        "error": {"type": "boom"},
+        "synthesized": True,
+    }
+
+
+async def test_tail_keepalives_and_works_without_a_hub(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
+    (claimed,) = await manual.claim(conn, schema)
+    kinds: list[str] = []
+    async for ev in runrow.tail(dsn, run.id, schema=schema, keepalive=0.1, poll=0.02):
+        kinds.append(ev.type)
+        if kinds.count("keepalive") == 2 and "x" not in kinds:
+            assert await manual.append(conn, schema, run.id, claimed["claim_token"], [(3, "x", {})])
+        if "x" in kinds and "complete" not in kinds and kinds[-1] == "x":
+            assert await manual.finalize(conn, schema, run.id, claimed["claim_token"], "completed", 4)
+    assert kinds[:2] == ["user_message_created", "run_queued"]
+    assert kinds[2:4] == ["keepalive", "keepalive"]
+    assert kinds[-2:] == ["x", "complete"]
+
+
+async def test_tail_rejects_bad_cursors_and_unknown_runs(dsn: str, schema: str) -> None:
+    run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
+    for bad in (-1, "3", 1.5, True):
+        with pytest.raises(runrow.InvalidInput):
+            async for _ in runrow.tail(dsn, run.id, from_seq=bad, schema=schema):  # type: ignore[arg-type]
+                pass
+    with pytest.raises(runrow.RunNotFound):
+        async for _ in runrow.tail(dsn, uuid.uuid4(), schema=schema):
+            pass
+
+
+async def test_trim_drops_old_journals_and_snapshots_but_keeps_the_transcript(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    old = await runrow.enqueue(
+        dsn, schema=schema, conversation_id="a", user_id="u", content="old", request={"pii": 1}
+    )
+    live = await runrow.enqueue(
+        dsn, schema=schema, conversation_id="b", user_id="u", content="live", request={"pii": 2}
+    )
+    rows = await manual.claim(conn, schema, limit=2)
+    token = {r["id"]: r["claim_token"] for r in rows}
+    assert await manual.finalize(conn, schema, old.id, token[old.id], "completed", 3)
+    now = await manual.db_now(conn)
+    assert await runrow.trim(dsn, schema=schema, now=now) == runrow.TrimResult(0, 0)  # too recent
+    result = await runrow.trim(dsn, schema=schema, now=now + timedelta(hours=25))
+    assert result == runrow.TrimResult(runs=1, events=3)
+    assert await events(conn, schema, old.id) == []
+    assert (await run_row(conn, schema, old.id))["request"] is None
+    assert (await run_row(conn, schema, live.id))["request"] == {"pii": 2}  # running: untouched
+    assert len(await events(conn, schema, live.id)) == 2
+    assert [m.content for m in await runrow.transcript(dsn, "a", schema=schema)] == ["old"]
+    # A trimmed run's tail still ends, from the row.
+    got = [e async for e in runrow.tail(dsn, old.id, schema=schema)]
+    assert [(e.type, e.payload["status"]) for e in got] == [("complete", "completed")]
+    assert await runrow.trim(dsn, schema=schema, now=now + timedelta(hours=25)) == runrow.TrimResult(0, 0)
