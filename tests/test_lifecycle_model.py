@@ -1,0 +1,238 @@
+"""A hypothesis state machine drives random lifecycles against the real database and
+checks the invariants after every step:
+
+* at most one running run per conversation;
+* a terminal state never changes;
+* every terminal run has exactly one terminal event, and it is the last;
+* every run's journal is gap-free from 1;
+* a turn that was queued when its conversation was stopped never starts;
+* a worker whose claim is gone can write nothing.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import anyio
+import anyio.from_thread
+import psycopg
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+from psycopg import sql
+
+import runrow
+from runrow.dispatcher import reap_expired
+
+from . import manual
+
+CONVERSATIONS = ["a", "b", "c"]
+TERMINAL = {"completed", "failed", "cancelled"}
+
+
+class Lifecycle(RuleBasedStateMachine):
+    dsn: str = ""
+    portal: anyio.from_thread.BlockingPortal | None = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.schema = f"m_{uuid.uuid4().hex[:10]}"
+        self.call(runrow.migrate, self.dsn, schema=self.schema)
+        self.conn: psycopg.AsyncConnection = self.call(
+            psycopg.AsyncConnection.connect, self.dsn, autocommit=True
+        )
+        self.tokens: dict[uuid.UUID, uuid.UUID] = {}  # runs our worker holds
+        self.next_seq: dict[uuid.UUID, int] = {}
+        self.zombies: dict[uuid.UUID, tuple[uuid.UUID, int]] = {}  # claims taken from us
+        self.first_terminal: dict[uuid.UUID, str] = {}
+        self.stopped_queued: set[uuid.UUID] = set()
+        self.order: dict[uuid.UUID, int] = {}  # enqueue order: run ids are random, choices must not be
+
+    def ordered(self, ids: Any) -> list[uuid.UUID]:
+        return sorted(ids, key=lambda r: self.order.get(r, len(self.order)))
+
+    def call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        assert self.portal is not None
+        return self.portal.call(lambda: fn(*args, **kwargs))
+
+    def teardown(self) -> None:
+        async def drop() -> None:
+            await self.conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(self.schema)))
+            await self.conn.close()
+
+        self.call(drop)
+
+    # -- reading the truth ---------------------------------------------------------
+
+    def runs(self) -> dict[uuid.UUID, tuple[str, str, Any]]:
+        async def read() -> list[tuple[Any, ...]]:
+            cur = await self.conn.execute(
+                sql.SQL("SELECT id, conversation_id, status, started_at FROM {}").format(
+                    sql.Identifier(self.schema, "agent_run")
+                )
+            )
+            return await cur.fetchall()
+
+        return {r[0]: (r[1], r[2], r[3]) for r in self.call(read)}
+
+    def journals(self) -> dict[uuid.UUID, list[tuple[int, str]]]:
+        async def read() -> list[tuple[Any, ...]]:
+            cur = await self.conn.execute(
+                sql.SQL("SELECT run_id, seq, type FROM {} ORDER BY run_id, seq").format(
+                    sql.Identifier(self.schema, "run_event")
+                )
+            )
+            return await cur.fetchall()
+
+        out: dict[uuid.UUID, list[tuple[int, str]]] = {}
+        for run_id, seq, etype in self.call(read):
+            out.setdefault(run_id, []).append((seq, etype))
+        return out
+
+    def with_status(self, status: str) -> list[uuid.UUID]:
+        return sorted(r for r, (_, s, _) in self.runs().items() if s == status)
+
+    # -- rules -----------------------------------------------------------------------
+
+    @rule(conv=st.sampled_from(CONVERSATIONS))
+    def enqueue(self, conv: str) -> None:
+        run = self.call(
+            runrow.enqueue, self.conn, schema=self.schema, conversation_id=conv, user_id="u", content=conv
+        )
+        self.order[run.id] = len(self.order)
+
+    @rule(limit=st.integers(min_value=1, max_value=3))
+    def claim(self, limit: int) -> None:
+        for row in self.call(manual.claim, self.conn, self.schema, limit=limit):
+            self.tokens[row["id"]] = row["claim_token"]
+            self.next_seq[row["id"]] = row["last_seq"] + 1
+
+    @precondition(lambda self: self.tokens)
+    @rule(data=st.data(), n=st.integers(min_value=1, max_value=3))
+    def emit(self, data: st.DataObject, n: int) -> None:
+        run_id = data.draw(st.sampled_from(self.ordered(self.tokens)))
+        seq = self.next_seq[run_id]
+        evs = [(seq + i, "content_delta", {"delta": "x"}) for i in range(n)]
+        landed = self.call(manual.append, self.conn, self.schema, run_id, self.tokens[run_id], evs)
+        still_ours = self.runs()[run_id][1] == "running"
+        assert landed == still_ours
+        if landed:
+            self.next_seq[run_id] = seq + n
+        else:
+            self._lose(run_id)
+
+    @precondition(lambda self: self.tokens)
+    @rule(data=st.data(), status=st.sampled_from(["completed", "failed", "cancelled"]))
+    def finish(self, data: st.DataObject, status: str) -> None:
+        run_id = data.draw(st.sampled_from(self.ordered(self.tokens)))
+        landed = self.call(
+            manual.finalize,
+            self.conn,
+            self.schema,
+            run_id,
+            self.tokens[run_id],
+            status,
+            self.next_seq[run_id],
+        )
+        if not landed:
+            assert self.runs()[run_id][1] in TERMINAL
+        self._lose(run_id)
+
+    @rule(conv=st.sampled_from(CONVERSATIONS))
+    def stop(self, conv: str) -> None:
+        queued_before = {r for r, (c, s, _) in self.runs().items() if c == conv and s == "queued"}
+        result = self.call(runrow.stop_conversation, self.conn, conv, schema=self.schema)
+        assert set(result.cancelled) == queued_before
+        self.stopped_queued |= queued_before
+
+    @precondition(lambda self: self.runs())
+    @rule(data=st.data())
+    def cancel(self, data: st.DataObject) -> None:
+        run_id = data.draw(st.sampled_from(self.ordered(self.runs())))
+        before = self.runs()[run_id][1]
+        result = self.call(runrow.cancel_run, self.conn, run_id, schema=self.schema)
+        assert result.noop == (before in TERMINAL)
+        if before == "queued":
+            self.stopped_queued.add(run_id)
+
+    @rule()
+    def reap(self) -> None:
+        """Every lease is long expired in this rule's clock: the reaper ends all running runs."""
+        now = self.call(manual.db_now, self.conn) + timedelta(hours=1)
+        running = set(self.with_status("running"))
+        reaped = set(self.call(reap_expired, self.conn, schema=self.schema, grace=30, now=now))
+        assert reaped == running
+        for run_id in reaped:
+            self._lose(run_id)
+
+    @precondition(lambda self: self.zombies)
+    @rule(data=st.data())
+    def zombie_writes(self, data: st.DataObject) -> None:
+        run_id = data.draw(st.sampled_from(self.ordered(self.zombies)))
+        token, seq = self.zombies[run_id]
+        assert not self.call(manual.append, self.conn, self.schema, run_id, token, [(seq, "late", {})])
+        assert not self.call(manual.finalize, self.conn, self.schema, run_id, token, "completed", seq)
+
+    @precondition(lambda self: any(s in ("failed", "cancelled") for _, s, _ in self.runs().values()))
+    @rule(data=st.data())
+    def retry(self, data: st.DataObject) -> None:
+        candidates = self.ordered(r for r, (_, s, _) in self.runs().items() if s in ("failed", "cancelled"))
+        run_id = data.draw(st.sampled_from(candidates))
+        again = self.call(runrow.retry_run, self.conn, run_id, schema=self.schema)
+        self.order.setdefault(again.id, len(self.order))
+        assert again.status in ("queued", "running", *TERMINAL)
+
+    def _lose(self, run_id: uuid.UUID) -> None:
+        if run_id in self.tokens:
+            self.zombies[run_id] = (self.tokens.pop(run_id), self.next_seq.pop(run_id))
+
+    # -- invariants --------------------------------------------------------------------
+
+    @invariant()
+    def one_running_turn_per_conversation(self) -> None:
+        running = [c for c, s, _ in self.runs().values() if s == "running"]
+        assert len(running) == len(set(running))
+
+    @invariant()
+    def terminal_states_never_change(self) -> None:
+        for run_id, (_, status, _) in self.runs().items():
+            if run_id in self.first_terminal:
+                assert status == self.first_terminal[run_id]
+            elif status in TERMINAL:
+                self.first_terminal[run_id] = status
+
+    @invariant()
+    def journals_are_gap_free_with_one_last_terminal(self) -> None:
+        runs = self.runs()
+        for run_id, evs in self.journals().items():
+            assert [s for s, _ in evs] == list(range(1, len(evs) + 1))
+            terminals = [t for _, t in evs if t == "complete"]
+            if runs[run_id][1] in TERMINAL:
+                assert terminals == ["complete"] and evs[-1][1] == "complete"
+            else:
+                assert terminals == []
+
+    @invariant()
+    def stopped_queued_turns_never_start(self) -> None:
+        runs = self.runs()
+        for run_id in self.stopped_queued:
+            assert runs[run_id][1] == "cancelled" and runs[run_id][2] is None
+
+
+@pytest.mark.slow
+def test_lifecycle_state_machine(dsn: str) -> None:
+    with anyio.from_thread.start_blocking_portal(backend="asyncio") as portal:
+        Lifecycle.dsn = dsn
+        Lifecycle.portal = portal
+        run_state_machine_as_test(
+            Lifecycle, settings=settings(max_examples=40, stateful_step_count=30, deadline=None)
+        )

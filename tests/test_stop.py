@@ -1,0 +1,225 @@
+"""Stop means stop: one transaction for a conversation, cooperative cancel of the running turn."""
+
+from __future__ import annotations
+
+import random
+import uuid
+
+import anyio
+import psycopg
+import pytest
+from psycopg import sql
+
+import runrow
+
+from . import manual
+from .helpers import assert_journal_sound, events, run_row, status_of, table, wait_for
+
+pytestmark = pytest.mark.anyio
+FAST = {"poll": 0.5, "heartbeat": 0.2, "lease": 2.0, "grace": 1.0, "reap_interval": 0.2}
+
+
+async def _terminal(conn: psycopg.AsyncConnection, schema: str, run_id: uuid.UUID) -> bool:
+    return await status_of(conn, schema, run_id) in ("completed", "failed", "cancelled")
+
+
+async def test_stop_cancels_queued_turns_returns_drafts_and_stops_the_running_one(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    seen_cancel: list[bool] = []
+
+    async def agent(run: runrow.RunContext) -> None:
+        await run.text("half an ans")
+        await run.flush()
+        try:
+            await anyio.sleep_forever()
+        finally:
+            seen_cancel.append(run.cancel_requested)
+
+    async with runrow.Dispatcher(dsn, agent, schema=schema, **FAST) as d:
+        first = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="one")
+        q1 = await runrow.enqueue(
+            dsn, schema=schema, conversation_id="c", user_id="u", content={"text": "two"}
+        )
+        q2 = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="three")
+        other = await runrow.enqueue(dsn, schema=schema, conversation_id="other", user_id="u", content="x")
+        await wait_for(lambda: first.id in d.in_flight, what="the first turn to run")
+        result = await runrow.stop_conversation(dsn, "c", schema=schema)
+        assert result.cancelled == [q1.id, q2.id]
+        assert result.cancel_requested == [first.id]
+        assert [(dr.run_id, dr.content) for dr in result.drafts] == [
+            (q1.id, {"text": "two"}),
+            (q2.id, "three"),
+        ]
+        await wait_for(lambda: _terminal(conn, schema, first.id), what="the running turn to stop")
+        assert other.id in d.in_flight  # another conversation is not touched
+        await runrow.stop_conversation(dsn, "other", schema=schema)
+        await wait_for(lambda: _terminal(conn, schema, other.id), what="the other conversation to stop")
+    assert seen_cancel == [True, True]
+    row = await run_row(conn, schema, first.id)
+    assert row["status"] == "cancelled" and row["cancel_requested"]
+    evs = await assert_journal_sound(conn, schema, first.id)
+    assert evs[-1][2] == {"status": "cancelled", "reason": "stopped"}
+    for q in (q1, q2):
+        assert await status_of(conn, schema, q.id) == "cancelled"
+        assert (await run_row(conn, schema, q.id))["started_at"] is None  # never started
+        qevs = await assert_journal_sound(conn, schema, q.id)
+        assert qevs[-1][2] == {"status": "cancelled", "reason": "stopped_before_start"}
+    # The partial answer stays; the drafts leave the transcript.
+    msgs = await runrow.transcript(dsn, "c", schema=schema)
+    assert [(m.role, m.content, m.status) for m in msgs] == [
+        ("user", "one", "sent"),
+        ("assistant", "half an ans", "partial"),
+    ]
+
+
+async def test_stopping_a_finished_run_or_idle_conversation_is_a_noop(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
+    (claimed,) = await manual.claim(conn, schema)
+    assert await manual.finalize(conn, schema, run.id, claimed["claim_token"], "completed", 3)
+    assert (await runrow.cancel_run(dsn, run.id, schema=schema)).noop
+    assert (await runrow.stop_conversation(dsn, "c", schema=schema)).noop
+    assert (await runrow.stop_conversation(dsn, "never-seen", schema=schema)).noop
+    assert await status_of(conn, schema, run.id) == "completed"
+    assert len(await events(conn, schema, run.id)) == 3
+    with pytest.raises(runrow.RunNotFound):
+        await runrow.cancel_run(dsn, uuid.uuid4(), schema=schema)
+    with pytest.raises(runrow.InvalidInput):
+        await runrow.stop_conversation(dsn, "", schema=schema)
+
+
+async def test_cancel_run_on_a_queued_run_returns_its_draft(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="never mind")
+    result = await runrow.cancel_run(dsn, str(run.id), schema=schema)
+    assert result.cancelled == [run.id] and [dr.content for dr in result.drafts] == ["never mind"]
+    assert await status_of(conn, schema, run.id) == "cancelled"
+    # A cancelled run can be retried by a person; the draft becomes a sent message again.
+    again = await runrow.retry_run(dsn, run.id, schema=schema)
+    assert [m.content for m in await runrow.transcript(dsn, "c", schema=schema)] == ["never mind"]
+    assert again.status == "queued"
+
+
+@pytest.mark.parametrize("notifications", [True, False], ids=["hub", "poll"])
+async def test_cancel_reaches_the_agent_fast_with_the_hub_and_within_a_heartbeat_without(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection, notifications: bool
+) -> None:
+    cancelled_at: list[float] = []
+
+    async def agent(run: runrow.RunContext) -> None:
+        try:
+            await anyio.sleep_forever()
+        finally:
+            cancelled_at.append(anyio.current_time())
+
+    heartbeat = 0.5
+    async with runrow.Dispatcher(
+        dsn, agent, schema=schema, notifications=notifications, **{**FAST, "heartbeat": heartbeat}
+    ) as d:
+        if notifications:
+            await wait_for(lambda: d.hub is not None and d.hub.connected, what="hub")
+        run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
+        await wait_for(lambda: run.id in d.in_flight, what="running")
+        asked = anyio.current_time()
+        await runrow.cancel_run(dsn, run.id, schema=schema)
+        await wait_for(lambda: cancelled_at, timeout=5, what="the agent to be cancelled")
+    latency = cancelled_at[0] - asked
+    # With the hub: a NOTIFY round trip (the benchmark measures p50/p99). Without: the
+    # heartbeat re-reads the flag, so at most one heartbeat (plus scheduling slack).
+    assert latency < (1.0 if notifications else heartbeat + 1.0), latency
+    assert await status_of(conn, schema, run.id) == "cancelled"
+
+
+async def test_a_closed_client_connection_is_not_a_stop(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    gate = anyio.Event()
+
+    async def agent(run: runrow.RunContext) -> None:
+        await run.text("streaming")
+        await run.flush()
+        await gate.wait()
+
+    async with runrow.Dispatcher(dsn, agent, schema=schema, **FAST):
+        run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as viewer:
+            async for ev in runrow.tail(viewer, run.id, schema=schema):
+                if ev.type == "content_delta":
+                    break  # the browser tab closes
+        gate.set()
+        await wait_for(lambda: _terminal(conn, schema, run.id), what="the run to finish anyway")
+    assert await status_of(conn, schema, run.id) == "completed"
+
+
+async def test_stop_racing_the_running_turn_finishing_200_times(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    """Whatever the timing, no queued turn starts after the stop, and every run ends exactly once.
+
+    Each turn must be exactly one of: cancelled by the stop (never started), running at
+    the stop (asked to stop), or finished before the stop committed.
+    """
+    rng = random.Random(7)
+
+    async def agent(run: runrow.RunContext) -> None:
+        # Even rounds hold turn 1 long enough for the stop to find queued turns behind
+        # it; odd rounds are left to chance, so stops also land around each ending.
+        held = run.content == 0 and int(run.conversation_id.split("-")[1]) % 2 == 0
+        await anyio.sleep(0.02 if held else rng.random() * 0.008)
+
+    rounds = []
+    async with runrow.Dispatcher(dsn, agent, schema=schema, concurrency=4, **FAST) as d:
+        for i in range(200):
+            conv = f"race-{i}"
+            turns = [
+                await runrow.enqueue(dsn, schema=schema, conversation_id=conv, user_id="u", content=k)
+                for k in range(3)
+            ]
+            await wait_for(
+                lambda t=turns: t[0].id in d.in_flight or _terminal(conn, schema, t[0].id),
+                interval=0.001,
+                what="turn 1 to start",
+            )
+            if i % 2:
+                await anyio.sleep(rng.random() * 0.012)
+            result = await runrow.stop_conversation(dsn, conv, schema=schema)
+            stopped_by = await manual.db_now(conn)  # a later transaction: after the stop's commit
+            rounds.append((turns, result, stopped_by))
+        await wait_for(lambda: not d.in_flight, what="all running turns to end")
+    ids = [t.id for turns, _, _ in rounds for t in turns]
+    cur = await conn.execute(
+        sql.SQL("SELECT id, status, started_at, finished_at FROM {} WHERE id = ANY(%s)").format(
+            table(schema, "agent_run")
+        ),
+        (ids,),
+    )
+    state = {r[0]: r[1:] for r in await cur.fetchall()}
+    cur = await conn.execute(
+        sql.SQL(
+            "SELECT run_id, count(*) FILTER (WHERE type = 'complete'), max(seq), count(*), "
+            "max(seq) FILTER (WHERE type = 'complete') FROM {} WHERE run_id = ANY(%s) GROUP BY run_id"
+        ).format(table(schema, "run_event")),
+        (ids,),
+    )
+    journal = {r[0]: r[1:] for r in await cur.fetchall()}
+    kinds: dict[str, int] = {"cancelled": 0, "stopped while running": 0, "finished before": 0}
+    for turns, result, stopped_by in rounds:
+        for t in turns:
+            status, started, finished = state[t.id]
+            assert status in ("completed", "cancelled", "failed") and finished is not None
+            terminals, max_seq, n, terminal_seq = journal[t.id]
+            assert terminals == 1 and max_seq == n == terminal_seq  # one ending, last, gap-free
+            if t.id in result.cancelled:
+                assert started is None and status == "cancelled"
+                kinds["cancelled"] += 1
+            elif t.id in result.cancel_requested:
+                assert started is not None and started < stopped_by
+                kinds["stopped while running"] += 1
+            else:
+                assert finished < stopped_by, (t, state[t.id], stopped_by)
+                kinds["finished before"] += 1
+    # The race really happened: every kind of outcome showed up.
+    assert all(kinds.values()), kinds
