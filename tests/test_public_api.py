@@ -18,6 +18,7 @@ EXPECTED = {
     "LeaseLost",
     "Message",
     "NotifyHub",
+    "Observer",
     "QueueStats",
     "Run",
     "RunContext",

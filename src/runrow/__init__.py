@@ -19,6 +19,7 @@ from .errors import (
 from .hub import NotifyHub
 from .journal import Event, tail
 from .migrate import latest_version, migrate
+from .observe import Observer
 from .queries import QueueStats, get_run, list_runs, queue_stats, transcript
 from .retention import TrimResult, trim
 from .run import Agent, RunContext
@@ -36,6 +37,7 @@ __all__ = [
     "LeaseLost",
     "Message",
     "NotifyHub",
+    "Observer",
     "QueueStats",
     "Run",
     "RunContext",

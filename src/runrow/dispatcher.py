@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -38,10 +39,12 @@ from .journal import DEFAULT_MAX_EVENT_BYTES, AppendItem, JournalWriter
 from .run import Agent, RunContext
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping, Sequence
     from types import TracebackType
 
     from anyio.abc import TaskGroup
+
+    from .observe import Observer
 
 __all__ = ["Dispatcher", "DrainReport"]
 
@@ -134,6 +137,7 @@ class Dispatcher:
         finalize_timeout: float = 10.0,
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
         journal_notify: bool = True,
+        observers: Sequence[Observer] = (),
     ) -> None:
         check_schema(schema)
         if not callable(agent):
@@ -158,6 +162,7 @@ class Dispatcher:
         if worker_id is not None:
             _json.check_id(worker_id, "worker_id")
         self.agent = agent
+        self.observers = list(observers)
         self.schema = schema
         self.concurrency = concurrency
         self.lease = lease
@@ -188,6 +193,7 @@ class Dispatcher:
         self._report: DrainReport | None = None
         self._unrecorded: set[uuid.UUID] = set()  # runs whose ending we could not write
         self._last_pool_check = -1e9
+        self._beat_lag = 0.0
         self._appender: GroupCommit[AppendItem, bool] = GroupCommit(self._append_batch)
         self._finalizer: GroupCommit[_FinalItem, bool] = GroupCommit(self._finalize_batch)
         self._queries = {
@@ -333,6 +339,13 @@ class Dispatcher:
             )
         return conninfo
 
+    def _observe(self, hook: Callable[[Observer], object]) -> None:
+        for obs in self.observers:
+            try:
+                hook(obs)
+            except Exception:  # an observer must never break a run
+                log.exception("observer %r failed", obs)
+
     # -- claiming ---------------------------------------------------------------------
 
     async def _claim_loop(self) -> None:
@@ -380,6 +393,7 @@ class Dispatcher:
                     await self._waker.wait(self.poll)
 
     async def _claim(self, limit: int) -> list[dict[str, Any]]:
+        t0 = anyio.current_time()
         async with statement_conn(self.pool) as conn:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(
@@ -389,6 +403,9 @@ class Dispatcher:
             rows = await cur.fetchall()
         self.stats["claims"] += 1
         self.stats["claimed"] += len(rows)
+        if self.observers and rows:
+            took = anyio.current_time() - t0
+            self._observe(lambda o: o.claimed(count=len(rows), seconds=took))
         if rows:
             self._idle = anyio.Event()
         deadline = anyio.current_time() + self.lease
@@ -434,11 +451,18 @@ class Dispatcher:
         active.journal, active.ctx = journal, ctx
         extra = {"run_id": str(run_id), "conversation_id": ctx.conversation_id, "worker_id": self.worker_id}
         log.info("run %s started", run_id, extra=extra)
+        started = anyio.current_time()
+        if self.observers:
+            wait = (row["started_at"] - row["created_at"]).total_seconds()
+            self._observe(lambda o: o.run_started(ctx, queue_wait=wait))
+            journal.on_flush = lambda n: self._flushed(ctx, n, started)
         status: str | None = None
         error: dict[str, Any] | None = None
         async with anyio.create_task_group() as run_tg:
             run_tg.start_soon(journal.run_flusher)
-            with active.scope:
+            with active.scope, contextlib.ExitStack() as scopes:
+                for obs in self.observers:
+                    scopes.enter_context(obs.run_scope(ctx))
                 try:
                     await self.agent(ctx)
                     status = "completed"
@@ -457,8 +481,12 @@ class Dispatcher:
         if active.reason == "lost" or status is None:
             self.stats["lost"] += 1
             log.warning("run %s: claim lost, standing down without writing", run_id, extra=extra)
+            self._observe(lambda o: o.claim_lost(ctx))
             return
         landed = await self._finalize(active, status, error)
+        took = anyio.current_time() - started
+        final = status
+        self._observe(lambda o: o.run_finished(ctx, status=final, seconds=took, recorded=landed))
         if landed:
             self.stats[status] += 1
             log.info("run %s %s", run_id, status, extra={**extra, "status": status})
@@ -469,6 +497,13 @@ class Dispatcher:
                 status,
                 extra=extra,
             )
+
+    def _flushed(self, ctx: RunContext, rows: int, started: float) -> None:
+        journal = ctx._journal
+        if journal.flushes == 1:
+            took = anyio.current_time() - started
+            self._observe(lambda o: o.first_event(ctx, seconds=took))
+        self._observe(lambda o: o.journal_flush(ctx, rows=rows))
 
     async def _finalize(self, active: _Active, status: str, error: dict[str, Any] | None) -> bool:
         """The fenced terminal write, shielded and bounded, retried on transient errors.
@@ -636,7 +671,9 @@ class Dispatcher:
 
     async def _heartbeat_loop(self) -> None:
         while True:
+            due = anyio.current_time() + self.heartbeat
             await anyio.sleep(self.heartbeat)
+            self._beat_lag = max(0.0, anyio.current_time() - due)
             with anyio.CancelScope(shield=True), anyio.move_on_after(self.heartbeat):
                 await self.beat()
 
@@ -673,6 +710,8 @@ class Dispatcher:
             self._db_trouble()
             log.warning("heartbeat failed: %s", exc, extra={"worker_id": self.worker_id})
             return
+        lag = self._beat_lag
+        self._observe(lambda o: o.heartbeat(runs=len(alive), lag=lag))
         for a in actives:
             if a.id not in alive:
                 if not a.finishing:
@@ -706,6 +745,8 @@ class Dispatcher:
 
     def _count_reaped(self, n: int) -> None:
         self.stats["reaped"] += n
+        if n:
+            self._observe(lambda o: o.reaped(count=n))
         if n:
             self._waker.set()
 

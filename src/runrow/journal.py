@@ -123,6 +123,7 @@ class JournalWriter:
         self._max_bytes = max_event_bytes
         self._on_lost = on_lost
         self._resolve = resolve
+        self.on_flush: Callable[[int], None] | None = None
         self._retry_budget = retry_budget
         self._lock = anyio.Lock()
         self._pending: dict[str, Any] | None = None
@@ -207,6 +208,8 @@ class JournalWriter:
             self.next_seq += len(rows)
             self.rows_written += len(rows)
             self.flushes += 1
+            if self.on_flush is not None:
+                self.on_flush(len(rows))
 
     async def _submit_resolving(self, rows: list[tuple[int, str, str]]) -> bool:
         """Submits a flush; if the connection fails without an answer (a database restart,

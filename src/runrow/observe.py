@@ -1,0 +1,50 @@
+"""Hooks for metrics and tracing: subclass :class:`Observer`, pass ``Dispatcher(observers=[...])``.
+
+Every hook is a no-op here. Hooks are called on the dispatcher's event loop and must be
+quick and must not raise (an exception is logged and otherwise ignored). ``run_scope``
+wraps the agent call, so a tracer can make the run's span current for the agent's own
+spans.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .run import RunContext
+
+__all__ = ["Observer"]
+
+
+class Observer:
+    """Receives what a dispatcher does. Override the hooks you need."""
+
+    def claimed(self, *, count: int, seconds: float) -> None:
+        """One claim statement took ``count`` runs in ``seconds``."""
+
+    def run_started(self, run: RunContext, *, queue_wait: float) -> None:
+        """A claimed run's agent is about to be called; it waited ``queue_wait`` s in the queue."""
+
+    def run_scope(self, run: RunContext) -> contextlib.AbstractContextManager[None]:
+        """A context manager around the agent call (a tracing span, say)."""
+        return contextlib.nullcontext()
+
+    def first_event(self, run: RunContext, *, seconds: float) -> None:
+        """The run's first journal flush landed ``seconds`` after the agent started."""
+
+    def journal_flush(self, run: RunContext, *, rows: int) -> None:
+        """A flush wrote ``rows`` journal rows for the run."""
+
+    def run_finished(self, run: RunContext, *, status: str, seconds: float, recorded: bool) -> None:
+        """The run ended ``status`` after ``seconds``; ``recorded`` is False when its ending
+        could not be written (claim lost, or the database was unreachable)."""
+
+    def claim_lost(self, run: RunContext) -> None:
+        """The worker stood down: someone else ended or took over the run."""
+
+    def heartbeat(self, *, runs: int, lag: float) -> None:
+        """A heartbeat renewed ``runs`` leases; ``lag`` is how late it ran past its interval."""
+
+    def reaped(self, *, count: int) -> None:
+        """This dispatcher's reaper ended ``count`` runs whose worker was lost."""
