@@ -527,3 +527,26 @@ async def test_invalid_events_are_rejected_and_the_run_fails(
         await wait_for(lambda: _terminal(conn, schema, run.id), what="terminal")
     assert errors == ["event"] * 5
     assert await status_of(conn, schema, run.id) == "completed"
+
+
+async def test_stop_works_in_any_order_and_inside_the_hosts_own_scopes(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    ran: list[object] = []
+
+    async def agent(run: runrow.RunContext) -> None:
+        ran.append(run.content)
+
+    async with (
+        runrow.Dispatcher(dsn, agent, schema=schema, **FAST) as first,
+        runrow.Dispatcher(dsn, agent, schema=schema, **FAST) as second,
+    ):
+        run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
+        await wait_for(lambda: ran == ["x"], what="the run")
+        with anyio.move_on_after(30):  # a host's own cancel scope around the stop
+            assert (await first.stop()).left_for_reaper == []
+        assert (await second.stop()).left_for_reaper == []
+        late = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="late")
+        await anyio.sleep(0.3)  # neither stopped dispatcher may claim it
+    assert await status_of(conn, schema, run.id) == "completed"
+    assert await status_of(conn, schema, late.id) == "queued"

@@ -39,7 +39,7 @@ from .journal import DEFAULT_MAX_EVENT_BYTES, AppendItem, JournalWriter
 from .run import Agent, RunContext
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping, Sequence
+    from collections.abc import Awaitable, Callable, Mapping, Sequence
     from types import TracebackType
 
     from anyio.abc import TaskGroup
@@ -189,6 +189,9 @@ class Dispatcher:
         self._tg: TaskGroup | None = None
         self._claim_scope = anyio.CancelScope()
         self._claim_done = anyio.Event()
+        self._loops: list[anyio.CancelScope] = []
+        self._loops_running = 0
+        self._loops_done = anyio.Event()
         self._stopping = False
         self._report: DrainReport | None = None
         self._unrecorded: set[uuid.UUID] = set()  # runs whose ending we could not write
@@ -251,13 +254,13 @@ class Dispatcher:
         except BaseException:
             await self._close_resources()
             raise
-        self._tg.start_soon(self._appender.run)
-        self._tg.start_soon(self._finalizer.run)
-        self._tg.start_soon(self._heartbeat_loop)
-        self._tg.start_soon(self._reaper_loop)
+        self._background(self._appender.run)
+        self._background(self._finalizer.run)
+        self._background(self._heartbeat_loop)
+        self._background(self._reaper_loop)
         if self._hub is not None:
-            await self._tg.start(self._forward_wakes)
-            await self._tg.start(self._watch_cancels)
+            await self._tg.start(self._background_started, self._forward_wakes)
+            await self._tg.start(self._background_started, self._watch_cancels)
         self._tg.start_soon(self._claim_loop)
         log.info(
             "dispatcher %s started (concurrency %d)",
@@ -267,13 +270,50 @@ class Dispatcher:
         )
         return self
 
+    def _background(self, fn: Callable[[], Awaitable[None]]) -> None:
+        """Starts a loop that stop() ends by cancelling its own scope (never the task group's:
+        that scope belongs to the host's task, and only __aexit__ may leave it)."""
+        assert self._tg is not None
+        self._tg.start_soon(self._run_background, fn)
+
+    async def _run_background(self, fn: Callable[[], Awaitable[None]]) -> None:
+        scope = anyio.CancelScope()
+        self._loops.append(scope)
+        self._loops_running += 1
+        try:
+            with scope:
+                await fn()
+        finally:
+            self._loops_running -= 1
+            if not self._loops_running:
+                self._loops_done.set()
+
+    async def _background_started(
+        self, fn: Callable[..., Awaitable[None]], *, task_status: anyio.abc.TaskStatus[None]
+    ) -> None:
+        async def body() -> None:
+            await fn(task_status=task_status)
+
+        await self._run_background(body)
+
     async def __aexit__(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self.stop()
+        try:
+            if exc_type is None or not issubclass(exc_type, Exception):
+                await self.stop()
+            else:
+                # The host's block failed: still drain, but do not wait the full budget.
+                await self.stop(drain_timeout=min(self.finalize_timeout, 5.0))
+        finally:
+            tg, self._tg = self._tg, None
+            if tg is not None:
+                tg.cancel_scope.cancel()  # anything still running (nothing, after stop())
+                await tg.__aexit__(None, None, None)
+            await self._close_resources()
 
     async def stop(self, drain_timeout: float = 30.0) -> DrainReport:
         """Drains and stops; idempotent (a second call returns the first report).
@@ -307,10 +347,10 @@ class Dispatcher:
             interrupted=sorted(set(interrupted) - self._unrecorded),
             left_for_reaper=sorted(stuck | (self._unrecorded & at_start)),
         )
-        tg, self._tg = self._tg, None
-        tg.cancel_scope.cancel()
-        await tg.__aexit__(None, None, None)
-        await self._close_resources()
+        for scope in self._loops:
+            scope.cancel()
+        with anyio.CancelScope(shield=True), anyio.move_on_after(self.finalize_timeout):
+            await self._loops_done.wait()
         log.info(
             "dispatcher %s stopped: %d finished, %d interrupted, %d left for the reaper",
             self.worker_id,
