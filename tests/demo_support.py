@@ -73,7 +73,9 @@ async def serve_demo(
                 server.should_exit = True
     finally:
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-            await conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(demo_schema)))
+            await conn.execute(
+                sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(demo_schema))
+            )
 
 
 def auth(user: str) -> dict[str, str]:

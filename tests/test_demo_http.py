@@ -18,13 +18,19 @@ ALICE = auth("alice")
 BOB = auth("bob")
 
 
-async def _post(client: httpx.AsyncClient, cid: str, content: str, headers: dict[str, str] | None = None) -> dict:
-    resp = await client.post(f"/v1/conversations/{cid}/messages", json={"content": content}, headers=headers or ALICE)
+async def _post(
+    client: httpx.AsyncClient, cid: str, content: str, headers: dict[str, str] | None = None
+) -> dict:
+    resp = await client.post(
+        f"/v1/conversations/{cid}/messages", json={"content": content}, headers=headers or ALICE
+    )
     assert resp.status_code == 202, resp.text
     return resp.json()
 
 
-async def _wait_status(client: httpx.AsyncClient, run_id: str, statuses: set[str], timeout: float = 20) -> dict:
+async def _wait_status(
+    client: httpx.AsyncClient, run_id: str, statuses: set[str], timeout: float = 20
+) -> dict:
     with anyio.fail_after(timeout):
         while True:
             body = (await client.get(f"/v1/runs/{run_id}", headers=ALICE)).json()
@@ -99,7 +105,10 @@ async def test_sse_reconnect_mid_stream_has_no_gap_and_no_duplicate(dsn: str, sc
 
 
 async def test_keepalive_comments_while_idle(dsn: str, schema: str) -> None:
-    async with serve_demo(dsn, schema, workers=0, keepalive=0.2) as base, httpx.AsyncClient(base_url=base) as client:
+    async with (
+        serve_demo(dsn, schema, workers=0, keepalive=0.2) as base,
+        httpx.AsyncClient(base_url=base) as client,
+    ):
         run_id = (await _post(client, "conv-k", "nobody works here"))["run_id"]
         got = await read_sse(client, f"/v1/runs/{run_id}/events?from=2", ALICE, want_comment=True, timeout=10)
         assert got and got[-1].comments == ["keepalive"]
@@ -163,17 +172,28 @@ async def test_malformed_messages_answer_4xx_json(
         )
         assert resp.status_code == status, resp.text
         assert resp.json()["error"]["message"]
-        assert (await client.get("/v1/conversations/conv-bad", headers=ALICE)).status_code == 404, "nothing written"
+        assert (await client.get("/v1/conversations/conv-bad", headers=ALICE)).status_code == 404, (
+            "nothing written"
+        )
 
 
 async def test_auth_and_path_errors_are_4xx_json(dsn: str, schema: str) -> None:
     async with serve_demo(dsn, schema, workers=0) as base, httpx.AsyncClient(base_url=base) as client:
-        for headers in ({}, {"Authorization": "Bearer alice"}, {"Authorization": "Bearer demo-"}, {"Authorization": "Basic x"}):
+        for headers in (
+            {},
+            {"Authorization": "Bearer alice"},
+            {"Authorization": "Bearer demo-"},
+            {"Authorization": "Basic x"},
+        ):
             resp = await client.post("/v1/conversations/c/messages", json={"content": "hi"}, headers=headers)
             assert resp.status_code == 401 and resp.json()["error"]["code"] == "unauthorized"
-        resp = await client.post("/v1/conversations/bad%20id!/messages", json={"content": "hi"}, headers=ALICE)
+        resp = await client.post(
+            "/v1/conversations/bad%20id!/messages", json={"content": "hi"}, headers=ALICE
+        )
         assert resp.status_code == 400
-        resp = await client.post("/v1/conversations/" + "c" * 200 + "/messages", json={"content": "hi"}, headers=ALICE)
+        resp = await client.post(
+            "/v1/conversations/" + "c" * 200 + "/messages", json={"content": "hi"}, headers=ALICE
+        )
         assert resp.status_code == 400
         assert (await client.get("/v1/nothing", headers=ALICE)).status_code == 404
         resp = await client.delete(f"/v1/runs/{uuid.uuid4()}", headers=ALICE)
@@ -182,7 +202,9 @@ async def test_auth_and_path_errors_are_4xx_json(dsn: str, schema: str) -> None:
         assert doc["openapi"].startswith("3.") and "/v1/runs/{run_id}/events" in doc["paths"]
 
 
-@pytest.mark.parametrize("cursor", ["-1", "abc", "", "1.5", "2147483648", "99999999999999999999", " 3", "0x10"])
+@pytest.mark.parametrize(
+    "cursor", ["-1", "abc", "", "1.5", "2147483648", "99999999999999999999", " 3", "0x10"]
+)
 async def test_bad_cursors_answer_400(dsn: str, schema: str, cursor: str) -> None:
     async with serve_demo(dsn, schema, workers=0) as base, httpx.AsyncClient(base_url=base) as client:
         run_id = (await _post(client, "conv-c", "cursor"))["run_id"]
@@ -204,7 +226,9 @@ async def test_stop_cancels_running_and_returns_queued_drafts(dsn: str, schema: 
         result = resp.json()
         assert result["cancel_requested"] == [first] and result["cancelled"] == [second]
         assert [d["content"] for d in result["drafts"]] == ["and then this"]
-        assert (await _wait_status(client, first, {"completed", "failed", "cancelled"}))["status"] == "cancelled"
+        assert (await _wait_status(client, first, {"completed", "failed", "cancelled"}))[
+            "status"
+        ] == "cancelled"
         events = await read_sse(client, f"/v1/runs/{first}/events", ALICE)
         assert events[-1].event == "complete" and events[-1].data["status"] == "cancelled"
         # cancelling a finished run changes nothing
