@@ -9,6 +9,7 @@ const EVENT_TYPES = ["user_message_created", "run_queued", "content_delta", "too
   "tool_call_finished", "message_done", "complete", "message"];
 const $ = (sel) => document.querySelector(sel);
 const streams = new Map();  // run_id -> EventSource
+const streamedHere = new Set();  // runs whose answer this page showed as it streamed
 // Counters a test (or a curious person) can read: both must stay 0.
 window.__demo = { duplicates: 0, gaps: 0, resumed: {} };
 
@@ -122,7 +123,9 @@ async function load() {
     const s = saved(run.id);
     renderTools(run.id, s.tools);
     const answerEl = el.querySelector(".answer");
-    if (TERMINAL.has(run.status) && !streams.has(run.id)) {
+    if (streamedHere.has(run.id)) {
+      // keep the streamed text: it is what this page received, event by event
+    } else if (TERMINAL.has(run.status) && !streams.has(run.id)) {
       if (turn.answer) {
         answerEl.textContent = turn.answer.content;
         answerEl.classList.toggle("partial", turn.answer.status === "partial");
@@ -171,6 +174,7 @@ function follow(runId) {
       }
       case "complete":
         setStatus(runId, data.status);
+        el.querySelector(".answer").classList.toggle("partial", data.status !== "completed" && st.text !== "");
         if (data.error && !st.text) el.querySelector(".answer").textContent = `${data.error.type}: ${data.error.message || ""}`;
         break;
       default:
@@ -178,6 +182,7 @@ function follow(runId) {
     }
     save(runId, st);
     if (data.type === "complete") {
+      streamedHere.add(runId);
       es.close();
       streams.delete(runId);
       load();  // refresh notes and other turns
