@@ -6,7 +6,9 @@ import uuid
 
 import anyio
 import httpx
+import psycopg
 import pytest
+from psycopg import sql
 
 from runrow.demo import answer_for
 
@@ -242,3 +244,45 @@ async def test_cancel_one_queued_run(dsn: str, schema: str) -> None:
         result = (await client.post(f"/v1/runs/{run_id}/cancel", headers=ALICE)).json()
         assert result["cancelled"] == [run_id] and result["drafts"][0]["content"] == "never mind"
         assert (await client.get(f"/v1/runs/{run_id}", headers=ALICE)).json()["status"] == "cancelled"
+
+
+async def test_examples_chat_run_py_wires_host_auth_and_agent(dsn: str, schema: str) -> None:
+    import importlib.util
+    from pathlib import Path
+
+    from .demo_support import QuietServer, free_port
+
+    path = Path(__file__).parent.parent / "examples" / "chat" / "run.py"
+    spec = importlib.util.spec_from_file_location("example_chat_run", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    # run.py uses the default schema; point it at this test's schema the way a host would.
+    app = module.create_app(
+        dsn, schema=schema, authenticate=module.proxy_user, in_process_workers=1, agent=module.my_agent
+    )
+    import uvicorn
+
+    port = free_port()
+    server = QuietServer(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(server.serve)
+        with anyio.fail_after(20):
+            while not server.started:
+                await anyio.sleep(0.02)
+        try:
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+                carol = {"X-User": "carol"}
+                resp = await client.post(
+                    "/v1/conversations/ex/messages", json={"content": "hi"}, headers=carol
+                )
+                assert resp.status_code == 202
+                events = await read_sse(client, f"/v1/runs/{resp.json()['run_id']}/events", carol)
+                assert answer_text(events).strip() == "echo: hi"
+                assert events[-1].data["status"] == "completed"
+                assert (await client.get("/v1/conversations/ex", headers=ALICE)).status_code == 404
+        finally:
+            server.should_exit = True
+    assert callable(module.build_app) and callable(module.main)
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(f"{schema}_demo")))
