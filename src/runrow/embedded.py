@@ -229,7 +229,9 @@ class EmbeddedPostgres:
         """An existing base folder must be a real folder, ours, and not writable by others."""
         st = os.lstat(self.base_dir)
         if not stat.S_ISDIR(st.st_mode):
-            raise ConfigurationError(f"{self.base_dir} exists and is not a folder (a symlink?); refusing to use it")
+            raise ConfigurationError(
+                f"{self.base_dir} exists and is not a folder (a symlink?); refusing to use it"
+            )
         owners = {os.geteuid()} | ({self.user.pw_uid} if self.user is not None else set())
         if st.st_uid not in owners:
             raise ConfigurationError(
