@@ -7,6 +7,7 @@ import contextlib
 import ctypes
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -84,14 +85,15 @@ def _stop_workers(procs: list[subprocess.Popen[bytes]]) -> None:
             p.wait()
 
 
-async def _serve(url: str, host: str, port: int, workers: int, schema: str) -> None:
+async def _serve(url: str, sock: socket.socket, workers: int, schema: str) -> None:
     applied = await runrow.migrate(url, schema=schema)
     if applied:
         print(f"runrow demo: migrated schema {schema!r} ({', '.join(map(str, applied))})", flush=True)
     app = create_app(
         url, schema=schema, in_process_workers=0 if workers else 1, dispatcher_options=_WORKER_TIMING
     )
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=3)
+    host, port = sock.getsockname()[:2]
+    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=3)
     server = _Server(config)
     procs = _start_workers(workers, url, schema) if workers else []
     try:
@@ -118,7 +120,7 @@ async def _serve(url: str, host: str, port: int, workers: int, schema: str) -> N
 
             tg.start_soon(announce)
             tg.start_soon(on_signal)
-            await server.serve()
+            await server.serve(sockets=[sock])
             tg.cancel_scope.cancel()
     finally:
         with anyio.CancelScope(shield=True):
@@ -138,17 +140,26 @@ def run_demo(
 ) -> int:
     """Runs the demo until SIGINT/SIGTERM; returns the exit status."""
     url = database_url or os.environ.get("DATABASE_URL")
-    pg: EmbeddedPostgres | None = None
-    if not url:
-        base = data_dir or default_data_dir()
-        pg = EmbeddedPostgres(base, cleanup=False)
-        print(f"runrow demo: starting PostgreSQL (data in {base})", flush=True)
-        url = pg.start()  # from the main thread: the server dies with this process
-        print(f"runrow demo: PostgreSQL {pg.bin_dir} on socket {pg.socket_dir}", flush=True)
+    # Bind first: a busy port is reported before anything else starts.
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        anyio.run(_serve, url, host, port, workers, schema, backend="asyncio")
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise SystemExit(f"runrow demo: cannot listen on {host}:{port}: {exc.strerror}; try --port") from None
+    pg: EmbeddedPostgres | None = None
+    try:
+        if not url:
+            base = data_dir or default_data_dir()
+            pg = EmbeddedPostgres(base, cleanup=False)
+            print(f"runrow demo: starting PostgreSQL (data in {base})", flush=True)
+            url = pg.start()  # from the main thread: the server dies with this process
+            print(f"runrow demo: PostgreSQL {pg.bin_dir} on socket {pg.socket_dir}", flush=True)
+        anyio.run(_serve, url, sock, workers, schema, backend="asyncio")
     finally:
-        if pg is not None:
+        sock.close()
+        if pg is not None and pg.running:
             pg.stop()
             print("runrow demo: PostgreSQL stopped", flush=True)
     print("runrow demo: stopped", flush=True)
