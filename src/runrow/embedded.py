@@ -345,6 +345,9 @@ class EmbeddedPostgres:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 preexec_fn=_pdeathsig,
+                # Its own process group: a Ctrl-C at the terminal reaches the owner, which
+                # stops the server after its clients, instead of the server dying first.
+                process_group=0,
                 env={**os.environ, "LC_ALL": "C"},
                 user=_uid(self.user),
                 group=_gid(self.user),

@@ -68,7 +68,10 @@ def _start_workers(n: int, url: str, schema: str) -> list[subprocess.Popen[bytes
     ]  # fmt: skip
     env = {**os.environ, "DATABASE_URL": url, "RUNROW_DEMO_SCHEMA": schema}
     return [
-        subprocess.Popen(args, env=env, stdin=subprocess.DEVNULL, preexec_fn=_term_on_parent_death)
+        # Own process groups: Ctrl-C reaches the demo, which stops the workers itself.
+        subprocess.Popen(
+            args, env=env, stdin=subprocess.DEVNULL, preexec_fn=_term_on_parent_death, process_group=0
+        )
         for _ in range(n)
     ]
 
