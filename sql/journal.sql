@@ -44,7 +44,11 @@ ORDER BY seq
 LIMIT %(limit)s
 
 -- name: run_terminal_state
-SELECT status, error FROM {schema}.agent_run WHERE id = %(run_id)s
+-- The run's status, and whether its journal holds its ending (a trimmed one does not).
+SELECT status, error,
+       EXISTS (SELECT 1 FROM {schema}.run_event
+               WHERE run_id = %(run_id)s AND type = 'complete') AS journaled_end
+FROM {schema}.agent_run WHERE id = %(run_id)s
 
 -- name: trim
 -- Deletes the journal of runs finished longer ago than the retention window and nulls

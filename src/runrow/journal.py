@@ -337,6 +337,8 @@ async def tail(
                 if len(rows) == batch:
                     continue
             elif state is not None and state[0] in TERMINAL:
+                if state[2]:
+                    return  # resumed past the journaled ending: nothing is left to send
                 # Terminal without a journaled ending (e.g. a trimmed journal): say so.
                 yield Event(
                     cursor + 1, TERMINAL_EVENT, {"status": state[0], "error": state[1], "synthesized": True}

@@ -1,0 +1,241 @@
+// runrow demo page: plain JavaScript, no build step.
+// Each turn is a run. Its answer streams over EventSource from /v1/runs/{id}/events.
+// The last seq seen and the text so far are kept in sessionStorage, so a reload resumes
+// the stream right after that seq: no gap, no duplicate.
+"use strict";
+
+const TERMINAL = new Set(["completed", "failed", "cancelled"]);
+const EVENT_TYPES = ["user_message_created", "run_queued", "content_delta", "tool_call_started",
+  "tool_call_finished", "message_done", "complete", "message"];
+const $ = (sel) => document.querySelector(sel);
+const streams = new Map();  // run_id -> EventSource
+const streamedHere = new Set();  // runs whose answer this page showed as it streamed
+// Counters a test (or a curious person) can read: both must stay 0.
+window.__demo = { duplicates: 0, gaps: 0, resumed: {} };
+
+const randomId = () => Math.random().toString(36).slice(2, 10);
+const user = () => localStorage.getItem("runrow.demo.user");
+const conversation = () => localStorage.getItem("runrow.demo.conversation");
+
+function init() {
+  const params = new URLSearchParams(location.search);
+  if (params.get("user")) localStorage.setItem("runrow.demo.user", params.get("user"));
+  if (params.get("conversation")) localStorage.setItem("runrow.demo.conversation", params.get("conversation"));
+  if (!user()) localStorage.setItem("runrow.demo.user", "guest-" + randomId().slice(0, 4));
+  if (!conversation()) localStorage.setItem("runrow.demo.conversation", "c-" + randomId());
+  $("#user").value = user();
+  $("#conversation").value = conversation();
+  $("#user").addEventListener("change", (e) => switchTo(e.target.value.trim(), conversation()));
+  $("#conversation").addEventListener("change", (e) => switchTo(user(), e.target.value.trim()));
+  $("#new-conversation").addEventListener("click", () => switchTo(user(), "c-" + randomId()));
+  $("#composer-form").addEventListener("submit", (e) => { e.preventDefault(); send(); });
+  $("#composer").addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); send(); }
+  });
+  $("#stop").addEventListener("click", stop);
+  load();
+}
+
+function switchTo(u, c) {
+  if (!u || !c) return;
+  localStorage.setItem("runrow.demo.user", u);
+  localStorage.setItem("runrow.demo.conversation", c);
+  $("#user").value = u; $("#conversation").value = c;
+  for (const es of streams.values()) es.close();
+  streams.clear();
+  $("#turns").replaceChildren();
+  load();
+}
+
+async function api(method, path, body, headers = {}) {
+  const res = await fetch(path, {
+    method,
+    headers: { "Authorization": "Bearer demo-" + user(), "Content-Type": "application/json", ...headers },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const data = await res.json().catch(() => ({}));
+  if (!res.ok) {
+    const err = new Error((data.error && data.error.message) || res.statusText);
+    err.status = res.status;
+    throw err;
+  }
+  return data;
+}
+
+function showError(msg) { $("#error").textContent = msg || ""; }
+
+// -- per-run state kept across reloads ---------------------------------------------------
+const key = (runId) => "runrow.demo.run." + runId;
+function saved(runId) {
+  try { return JSON.parse(sessionStorage.getItem(key(runId))) || { seq: 0, text: "", tools: [] }; }
+  catch { return { seq: 0, text: "", tools: [] }; }
+}
+function save(runId, s) { sessionStorage.setItem(key(runId), JSON.stringify(s)); }
+
+// -- rendering ----------------------------------------------------------------------------
+function turnEl(runId) {
+  let el = document.querySelector(`.turn[data-run-id="${runId}"]`);
+  if (el) return el;
+  el = document.createElement("article");
+  el.className = "turn";
+  el.dataset.runId = runId;
+  el.innerHTML = `<div class="head"><div class="user"></div><span class="status"></span></div>
+    <div class="tools"></div><div class="answer"></div><div class="meta"></div>`;
+  el.querySelector(".meta").textContent = "run " + runId;
+  $("#turns").appendChild(el);
+  $("#empty").hidden = true;
+  return el;
+}
+
+function setStatus(runId, status) {
+  const badge = turnEl(runId).querySelector(".status");
+  if (TERMINAL.has(badge.textContent) && !TERMINAL.has(status)) return;  // terminal is sticky
+  badge.textContent = status;
+  badge.className = "status " + status;
+}
+
+function renderTools(runId, tools) {
+  turnEl(runId).querySelector(".tools").textContent = tools.map((t) =>
+    t.result ? `✓ ${t.tool}(${JSON.stringify(t.arguments)}) → ${JSON.stringify(t.result)}`
+             : `… ${t.tool}(${JSON.stringify(t.arguments)})`).join("\n");
+}
+
+async function load() {
+  showError("");
+  let conv;
+  try {
+    conv = await api("GET", `/v1/conversations/${encodeURIComponent(conversation())}`);
+  } catch (err) {
+    if (err.status === 404) { $("#empty").hidden = false; $("#notes").replaceChildren(); return; }
+    showError(err.message); return;
+  }
+  for (const turn of conv.turns) {
+    const run = turn.run;
+    const el = turnEl(run.id);
+    const userEl = el.querySelector(".user");
+    if (turn.user_message === null) {
+      userEl.textContent = "(message returned to the composer)";
+      userEl.classList.add("draft");
+    } else {
+      userEl.textContent = typeof turn.user_message === "string" ? turn.user_message : JSON.stringify(turn.user_message);
+    }
+    setStatus(run.id, run.status);
+    const s = saved(run.id);
+    renderTools(run.id, s.tools);
+    const answerEl = el.querySelector(".answer");
+    if (streamedHere.has(run.id)) {
+      // keep the streamed text: it is what this page received, event by event
+    } else if (TERMINAL.has(run.status) && !streams.has(run.id)) {
+      if (turn.answer) {
+        answerEl.textContent = turn.answer.content;
+        answerEl.classList.toggle("partial", turn.answer.status === "partial");
+      } else if (run.error) {
+        answerEl.textContent = `${run.error.type || "error"}: ${run.error.message || ""}`;
+      }
+    } else if (!streams.has(run.id)) {
+      answerEl.textContent = s.text;  // what this tab had shown before a reload
+      follow(run.id);
+    }
+  }
+  $("#notes").replaceChildren(...conv.notes.map((n) => {
+    const li = document.createElement("li"); li.textContent = n.text; return li;
+  }));
+}
+
+// -- streaming ----------------------------------------------------------------------------
+function follow(runId) {
+  const s = saved(runId);
+  if (s.seq > 0) window.__demo.resumed[runId] = s.seq;
+  const url = `/v1/runs/${runId}/events?from=${s.seq}&access_token=${encodeURIComponent("demo-" + user())}`;
+  const es = new EventSource(url);
+  streams.set(runId, es);
+  const onEvent = (msg) => {
+    const seq = Number(msg.lastEventId);
+    const st = saved(runId);
+    if (seq <= st.seq) { window.__demo.duplicates += 1; return; }
+    if (seq !== st.seq + 1) window.__demo.gaps += 1;
+    st.seq = seq;
+    const data = JSON.parse(msg.data);
+    const el = turnEl(runId);
+    switch (data.type) {
+      case "content_delta":
+        if (!data.stream) { st.text += data.delta; el.querySelector(".answer").textContent = st.text; }
+        setStatus(runId, "running");
+        break;
+      case "tool_call_started":
+        st.tools.push({ call_id: data.call_id, tool: data.tool, arguments: data.arguments });
+        renderTools(runId, st.tools); setStatus(runId, "running");
+        break;
+      case "tool_call_finished": {
+        const t = st.tools.find((x) => x.call_id === data.call_id);
+        if (t) t.result = data.result;
+        renderTools(runId, st.tools); setStatus(runId, "running");
+        break;
+      }
+      case "complete":
+        setStatus(runId, data.status);
+        el.querySelector(".answer").classList.toggle("partial", data.status !== "completed" && st.text !== "");
+        if (data.error && !st.text) el.querySelector(".answer").textContent = `${data.error.type}: ${data.error.message || ""}`;
+        break;
+      default:
+        if (seq > 2) setStatus(runId, "running");
+    }
+    save(runId, st);
+    if (data.type === "complete") {
+      streamedHere.add(runId);
+      es.close();
+      streams.delete(runId);
+      load();  // refresh notes and other turns
+    }
+  };
+  for (const type of EVENT_TYPES) es.addEventListener(type, onEvent);
+  es.onerror = () => {
+    // The browser reconnects by itself (sending Last-Event-ID) unless the server refused.
+    if (es.readyState === EventSource.CLOSED) {
+      streams.delete(runId);
+      showError(`lost the stream of run ${runId}; reload to resume`);
+    }
+  };
+}
+
+async function send() {
+  const box = $("#composer");
+  const content = box.value.trim();
+  if (!content) return;
+  showError("");
+  try {
+    // A retried send with the same key would return the same run instead of a second one.
+    const accepted = await api("POST", `/v1/conversations/${encodeURIComponent(conversation())}/messages`,
+      { content }, { "Idempotency-Key": crypto.randomUUID ? crypto.randomUUID() : randomId() + randomId() });
+    box.value = "";
+    const el = turnEl(accepted.run_id);
+    el.querySelector(".user").textContent = content;
+    setStatus(accepted.run_id, accepted.status);
+    follow(accepted.run_id);
+  } catch (err) {
+    showError(err.message);
+  }
+}
+
+async function stop() {
+  showError("");
+  try {
+    const result = await api("POST", `/v1/conversations/${encodeURIComponent(conversation())}/stop`);
+    for (const id of result.cancelled) setStatus(id, "cancelled");
+    const drafts = result.drafts.map((d) => typeof d.content === "string" ? d.content : JSON.stringify(d.content));
+    if (drafts.length) {
+      const box = $("#composer");
+      box.value = [...drafts, box.value.trim()].filter(Boolean).join("\n\n");
+      box.focus();
+    }
+    for (const d of result.drafts) {
+      const u = turnEl(d.run_id).querySelector(".user");
+      u.textContent = "(message returned to the composer)"; u.classList.add("draft");
+    }
+    if (result.noop) showError("nothing to stop");
+  } catch (err) {
+    showError(err.message);
+  }
+}
+
+init();

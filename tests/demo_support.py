@@ -1,0 +1,134 @@
+"""Shared by the demo's tests: the demo app served by a real uvicorn, and an SSE reader."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import psycopg
+import uvicorn
+from psycopg import sql
+
+from runrow.demo import DemoAgent, create_app
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Iterator
+
+    import httpx
+
+
+class QuietServer(uvicorn.Server):
+    """uvicorn without signal handlers (the test process owns its signals)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@asynccontextmanager
+async def serve_demo(
+    dsn: str,
+    schema: str,
+    *,
+    token_delay: float = 0.01,
+    workers: int = 1,
+    keepalive: float = 15.0,
+    **app_options: Any,
+) -> AsyncIterator[str]:
+    """The demo app on a free port of 127.0.0.1, with ``workers`` in-process dispatchers."""
+    demo_schema = f"{schema}_demo"
+    app = create_app(
+        dsn,
+        schema=schema,
+        in_process_workers=workers,
+        agent=DemoAgent(dsn, demo_schema=demo_schema, token_delay=token_delay),
+        dispatcher_options={"poll": 0.5, "flush_interval": 0.05, "lease": 10.0, "heartbeat": 2.0},
+        keepalive=keepalive,
+        **app_options,
+    )
+    port = free_port()
+    server = QuietServer(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=1)
+    )
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(server.serve)
+            with anyio.fail_after(20):
+                while not server.started:
+                    await anyio.sleep(0.02)
+            try:
+                yield f"http://127.0.0.1:{port}"
+            finally:
+                server.should_exit = True
+    finally:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await conn.execute(
+                sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(demo_schema))
+            )
+
+
+def auth(user: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer demo-{user}"}
+
+
+@dataclass
+class SSE:
+    id: str | None = None
+    event: str | None = None
+    data: Any = None
+    comments: list[str] = field(default_factory=list)
+
+
+async def read_sse(
+    client: httpx.AsyncClient,
+    url: str,
+    headers: dict[str, str],
+    *,
+    stop_after: int | None = None,
+    want_comment: bool = False,
+    timeout: float = 30.0,
+) -> list[SSE]:
+    """Reads an event stream into events (and comments), until it ends or ``stop_after`` events."""
+    events: list[SSE] = []
+    current = SSE()
+    with anyio.fail_after(timeout):
+        async with client.stream("GET", url, headers=headers) as resp:
+            assert resp.status_code == 200, await resp.aread()
+            assert resp.headers["content-type"].startswith("text/event-stream")
+            async for line in resp.aiter_lines():
+                if line == "":
+                    if current.event is not None or current.data is not None:
+                        events.append(current)
+                        if stop_after is not None and len(events) >= stop_after:
+                            return events
+                    elif current.comments and want_comment:
+                        events.append(current)
+                        return events
+                    current = SSE()
+                elif line.startswith(":"):
+                    current.comments.append(line[1:].strip())
+                else:
+                    name, _, value = line.partition(":")
+                    value = value[1:] if value.startswith(" ") else value
+                    if name == "id":
+                        current.id = value
+                    elif name == "event":
+                        current.event = value
+                    elif name == "data":
+                        current.data = json.loads(value)
+    return events
+
+
+def answer_text(events: list[SSE]) -> str:
+    return "".join(e.data["delta"] for e in events if e.event == "content_delta" and "stream" not in e.data)
