@@ -168,10 +168,11 @@ async def test_stop_racing_the_running_turn_finishing_200_times(
         # Even rounds hold turn 1 long enough for the stop to find queued turns behind
         # it; odd rounds are left to chance, so stops also land around each ending.
         held = run.content == 0 and int(run.conversation_id.split("-")[1]) % 2 == 0
-        await anyio.sleep(0.02 if held else rng.random() * 0.008)
+        await anyio.sleep(0.1 if held else rng.random() * 0.008)
 
     rounds = []
-    async with runrow.Dispatcher(dsn, agent, schema=schema, concurrency=4, **FAST) as d:
+    stopper = await psycopg.AsyncConnection.connect(dsn, autocommit=True)  # no connect in the race window
+    async with stopper, runrow.Dispatcher(dsn, agent, schema=schema, concurrency=4, **FAST) as d:
         for i in range(200):
             conv = f"race-{i}"
             turns = [
@@ -185,7 +186,7 @@ async def test_stop_racing_the_running_turn_finishing_200_times(
             )
             if i % 2:
                 await anyio.sleep(rng.random() * 0.012)
-            result = await runrow.stop_conversation(dsn, conv, schema=schema)
+            result = await runrow.stop_conversation(stopper, conv, schema=schema)
             stopped_by = await manual.db_now(conn)  # a later transaction: after the stop's commit
             rounds.append((turns, result, stopped_by))
         await wait_for(lambda: not d.in_flight, what="all running turns to end")
