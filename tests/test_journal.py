@@ -257,7 +257,9 @@ async def test_trim_drops_old_journals_and_snapshots_but_keeps_the_transcript(
     assert await runrow.trim(dsn, schema=schema, now=now + timedelta(hours=25)) == runrow.TrimResult(0, 0)
 
 
-async def test_resuming_after_the_ending_yields_nothing(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
+async def test_resuming_after_the_ending_yields_nothing(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
     """A client that already saw the terminal event and reconnects gets no phantom ending."""
     run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
     (claimed,) = await manual.claim(conn, schema)

@@ -52,7 +52,9 @@ class Broken(runrow.Observer):
         raise RuntimeError("observer bug")
 
 
-async def test_observers_see_claims_starts_flushes_and_endings(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
+async def test_observers_see_claims_starts_flushes_and_endings(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
     rec = Recorder()
     scoped: list[bool] = []
 
@@ -63,7 +65,10 @@ async def test_observers_see_claims_starts_flushes_and_endings(dsn: str, schema:
             raise ValueError("nope")
 
     async with runrow.Dispatcher(dsn, agent, schema=schema, observers=[Broken(), rec], poll=0.5):
-        runs = [await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content=c) for c in ("ok", "bad")]
+        runs = [
+            await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content=c)
+            for c in ("ok", "bad")
+        ]
         for r in runs:
             await wait_for(lambda r=r: _ended(conn, schema, r.id), what="runs to end")
     names = [c[0] for c in rec.calls]

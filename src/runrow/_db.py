@@ -92,3 +92,18 @@ async def require_schema(conn: AsyncConnection, schema: str) -> None:
     found = await schema_version(conn, schema)
     if found != expected:
         raise SchemaOutOfDate(schema, found, expected)
+
+
+@asynccontextmanager
+async def schema_guard(db: Database, schema: str) -> AsyncIterator[None]:
+    """Turns "relation does not exist" into :class:`SchemaOutOfDate`, which names the fix."""
+    try:
+        yield
+    except MISSING_SCHEMA as exc:
+        try:
+            async with statement_conn(db) as conn:
+                found = await schema_version(conn, schema)
+        except psycopg.Error:
+            found = None  # e.g. the caller's transaction is aborted: say what we can
+        expected = len(_sql.migrations())
+        raise SchemaOutOfDate(schema, found if found != expected else None, expected) from exc

@@ -5,10 +5,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-import psycopg
-
 from . import _json, _sql
-from ._db import MISSING_SCHEMA, Database, atomic, require_schema, statement_conn
+from ._db import Database, atomic, schema_guard, statement_conn
 from ._models import Run
 from ._names import DEFAULT_SCHEMA, Channels, check_schema
 from .errors import InvalidInput, RunNotFound, RunrowError
@@ -57,13 +55,9 @@ async def enqueue(
         "wake_channel": Channels.for_schema(schema).wake,
     }
     query = _sql.statement("enqueue", schema)
-    try:
-        async with atomic(db) as conn:
-            cur = await conn.execute(query, params)
-            row = await cur.fetchone()
-    except MISSING_SCHEMA:
-        await _explain_missing_schema(db, schema)
-        raise
+    async with schema_guard(db, schema), atomic(db) as conn:
+        cur = await conn.execute(query, params)
+        row = await cur.fetchone()
     if row is not None:
         return Run(row[0], row[1], row[2], row[3], row[4], created=True)
     # The key exists: the first run won. Read it (this statement sees its commit).
@@ -89,7 +83,7 @@ async def retry_run(db: Database, run_id: uuid.UUID | str, *, schema: str = DEFA
     check_schema(schema)
     rid = parse_run_id(run_id)
     params = {"run_id": rid, "wake_channel": Channels.for_schema(schema).wake}
-    async with atomic(db) as conn:
+    async with schema_guard(db, schema), atomic(db) as conn:
         cur = await conn.execute(_sql.statement("retry", schema), params)
         row = await cur.fetchone()
         if row is not None:
@@ -113,12 +107,3 @@ def parse_run_id(run_id: uuid.UUID | str) -> uuid.UUID:
         return uuid.UUID(str(run_id))
     except ValueError:
         raise RunNotFound(run_id) from None
-
-
-async def _explain_missing_schema(db: Database, schema: str) -> None:
-    """Turns "relation does not exist" into an error that names the fix, if that is the cause."""
-    try:
-        async with statement_conn(db) as conn:
-            await require_schema(conn, schema)
-    except psycopg.Error:
-        return

@@ -33,7 +33,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from . import _json, _sql
-from ._db import Database, statement_conn
+from ._db import Database, schema_guard, statement_conn
 from ._models import TERMINAL
 from ._names import DEFAULT_SCHEMA, Channels, check_schema
 from .enqueue import parse_run_id
@@ -325,7 +325,8 @@ async def tail(
         backoff = poll
         while True:
             try:
-                rows, state = await _read(db, conn_box, own, read_q, state_q, rid, cursor, batch)
+                async with schema_guard(db, schema):
+                    rows, state = await _read(db, conn_box, own, read_q, state_q, rid, cursor, batch)
                 backoff = poll
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                 # The database is unreachable for now: a tail waits it out (keepalives

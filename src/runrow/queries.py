@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from psycopg.rows import dict_row
 
 from . import _json, _sql
-from ._db import Database, statement_conn
+from ._db import Database, schema_guard, statement_conn
 from ._models import Message, RunInfo
 from ._names import DEFAULT_SCHEMA, check_schema
 from .enqueue import parse_run_id
@@ -24,7 +24,7 @@ async def get_run(db: Database, run_id: uuid.UUID | str, *, schema: str = DEFAUL
     """The run's current row; :class:`RunNotFound` if there is none."""
     check_schema(schema)
     rid = parse_run_id(run_id)
-    async with statement_conn(db) as conn:
+    async with schema_guard(db, schema), statement_conn(db) as conn:
         cur = conn.cursor(row_factory=dict_row)
         await cur.execute(_sql.statement("get_run", schema), {"run_id": rid})
         row = await cur.fetchone()
@@ -48,7 +48,7 @@ async def list_runs(
         raise InvalidInput("status", f"unknown status {status!r}")
     if not 1 <= limit <= 10_000:
         raise InvalidInput("limit", "must be between 1 and 10000")
-    async with statement_conn(db) as conn:
+    async with schema_guard(db, schema), statement_conn(db) as conn:
         cur = conn.cursor(row_factory=dict_row)
         await cur.execute(
             _sql.statement("list_runs", schema),
@@ -61,7 +61,7 @@ async def transcript(db: Database, conversation_id: str, *, schema: str = DEFAUL
     """The conversation's durable transcript, oldest first (drafts excluded)."""
     check_schema(schema)
     _json.check_id(conversation_id, "conversation_id")
-    async with statement_conn(db) as conn:
+    async with schema_guard(db, schema), statement_conn(db) as conn:
         cur = await conn.execute(_sql.statement("transcript", schema), {"conversation_id": conversation_id})
         return [Message(*r) for r in await cur.fetchall()]
 
@@ -85,7 +85,7 @@ class QueueStats:
 async def queue_stats(db: Database, *, schema: str = DEFAULT_SCHEMA) -> QueueStats:
     """Queued and running counts, the oldest queued run's age, last hour's outcomes."""
     check_schema(schema)
-    async with statement_conn(db) as conn:
+    async with schema_guard(db, schema), statement_conn(db) as conn:
         cur = await conn.execute(_sql.statement("stats", schema))
         rows = await cur.fetchall()
     oldest = next((float(r[2]) for r in rows if r[0] == "queued" and r[2] is not None), None)

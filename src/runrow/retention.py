@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from . import _sql
-from ._db import Database, statement_conn
+from ._db import Database, schema_guard, statement_conn
 from ._names import DEFAULT_SCHEMA, check_schema
 from .errors import InvalidInput
 
@@ -39,7 +39,7 @@ async def trim(
         raise InvalidInput("batch", "must be at least 1")
     runs = events = 0
     while True:
-        async with statement_conn(db) as conn:
+        async with schema_guard(db, schema), statement_conn(db) as conn:
             cur = await conn.execute(
                 _sql.statement("trim", schema),
                 {"retention_seconds": retention.total_seconds(), "limit": batch, "now": now},

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from . import _json, _sql
-from ._db import Database, atomic
+from ._db import Database, atomic, schema_guard
 from ._models import Draft, StopResult
 from ._names import DEFAULT_SCHEMA, Channels, check_schema
 from .enqueue import parse_run_id
@@ -31,7 +31,7 @@ async def stop_conversation(
     """
     check_schema(schema)
     _json.check_id(conversation_id, "conversation_id")
-    async with atomic(db) as conn:
+    async with schema_guard(db, schema), atomic(db) as conn:
         cur = await conn.execute(
             _sql.statement("lock_conversation_runs", schema), {"conversation_id": conversation_id}
         )
@@ -45,7 +45,7 @@ async def cancel_run(db: Database, run_id: uuid.UUID | str, *, schema: str = DEF
     (``noop`` is True). Raises :class:`RunNotFound` for an unknown id."""
     check_schema(schema)
     rid = parse_run_id(run_id)
-    async with atomic(db) as conn:
+    async with schema_guard(db, schema), atomic(db) as conn:
         cur = await conn.execute(_sql.statement("lock_run", schema), {"run_id": rid})
         row = await cur.fetchone()
         if row is None:
