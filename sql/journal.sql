@@ -13,21 +13,10 @@ WITH ins AS (
       ON a.id = e.run_id AND a.claim_token = e.token AND a.status = 'running'
     RETURNING run_id
 )
-SELECT run_id, pg_notify(%(events_prefix)s || replace(run_id::text, '-', ''), '')
+SELECT run_id,
+       -- notify = false exists to measure what the NOTIFY costs (tails then poll).
+       CASE WHEN %(notify)s THEN pg_notify(%(events_prefix)s || replace(run_id::text, '-', ''), '') END
 FROM (SELECT DISTINCT run_id FROM ins) landed
-
--- name: append_events_quiet
--- The same, without the NOTIFY (for measuring what the NOTIFY costs; tails then poll).
-WITH ins AS (
-    INSERT INTO {schema}.run_event (run_id, seq, type, payload)
-    SELECT e.run_id, e.seq, e.type, e.payload
-    FROM unnest(%(runs)s::uuid[], %(tokens)s::uuid[], %(seqs)s::integer[], %(types)s::text[],
-                %(payloads)s::jsonb[]) AS e(run_id, token, seq, type, payload)
-    JOIN {schema}.agent_run a
-      ON a.id = e.run_id AND a.claim_token = e.token AND a.status = 'running'
-    RETURNING run_id
-)
-SELECT DISTINCT run_id, NULL FROM ins
 
 -- name: write_message
 -- A fenced transcript write by the claim holder.

@@ -84,3 +84,7 @@ async def assert_journal_sound(
     assert len(terminals) == 1, evs
     assert evs[-1][1] == "complete", evs
     return evs
+
+
+async def is_terminal(conn: psycopg.AsyncConnection, schema: str, run_id: Any) -> bool:
+    return await status_of(conn, schema, run_id) in ("completed", "failed", "cancelled")

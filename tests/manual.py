@@ -65,6 +65,7 @@ async def append(
             "types": [e[1] for e in events],
             "payloads": [json.dumps(e[2]) for e in events],
             "events_prefix": Channels.for_schema(schema).events_prefix,
+            "notify": True,
         },
     )
     return bool(await cur.fetchall())

@@ -14,7 +14,7 @@ import runrow
 from runrow.dispatcher import reap_expired
 
 from . import manual
-from .helpers import assert_journal_sound, events, run_row, status_of, table, wait_for
+from .helpers import assert_journal_sound, events, is_terminal, run_row, status_of, table, wait_for
 
 pytestmark = pytest.mark.anyio
 
@@ -36,7 +36,7 @@ async def test_a_run_completes_with_a_sound_journal(
             dsn, schema=schema, conversation_id="c", user_id="u", content="hi", request={"m": 1}
         )
         await wait_for(lambda: status_of(conn, schema, run.id), what="run to finish")
-        await wait_for(lambda: _terminal(conn, schema, run.id), what="terminal")
+        await wait_for(lambda: is_terminal(conn, schema, run.id), what="terminal")
     evs = await assert_journal_sound(conn, schema, run.id)
     assert [t for _, t, _ in evs] == [
         "user_message_created",
@@ -56,10 +56,6 @@ async def test_a_run_completes_with_a_sound_journal(
     ]
 
 
-async def _terminal(conn: psycopg.AsyncConnection, schema: str, run_id: uuid.UUID) -> bool:
-    return await status_of(conn, schema, run_id) in ("completed", "failed", "cancelled")
-
-
 async def test_a_raising_agent_fails_the_run_with_its_error(
     dsn: str, schema: str, conn: psycopg.AsyncConnection
 ) -> None:
@@ -69,7 +65,7 @@ async def test_a_raising_agent_fails_the_run_with_its_error(
 
     async with runrow.Dispatcher(dsn, agent, schema=schema, **FAST):
         run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="hi")
-        await wait_for(lambda: _terminal(conn, schema, run.id), what="terminal")
+        await wait_for(lambda: is_terminal(conn, schema, run.id), what="terminal")
     row = await run_row(conn, schema, run.id)
     assert row["status"] == "failed"
     assert row["error"] == {"type": "ValueError", "message": "model exploded"}
@@ -107,7 +103,7 @@ async def test_slots_are_taken_before_claiming(dsn: str, schema: str, conn: psyc
 
 
 async def _all_terminal(conn: psycopg.AsyncConnection, schema: str, runs: list[runrow.Run]) -> bool:
-    return all([await _terminal(conn, schema, r.id) for r in runs])
+    return all([await is_terminal(conn, schema, r.id) for r in runs])
 
 
 async def test_one_claim_statement_takes_many_runs(
@@ -289,7 +285,7 @@ async def test_reaper_fails_an_orphan_and_the_next_turn_runs(
         conn, schema, orphan.id, claimed["claim_token"], [(3, "content_delta", {"delta": "half"})]
     )
     async with runrow.Dispatcher(dsn, agent, schema=schema, **{**FAST, "grace": 0.3}) as d:
-        await wait_for(lambda: _terminal(conn, schema, orphan.id), what="the orphan to be reaped")
+        await wait_for(lambda: is_terminal(conn, schema, orphan.id), what="the orphan to be reaped")
         await wait_for(lambda: ran == ["next"], what="the next turn")
         assert d.stats["reaped"] == 1
     row = await run_row(conn, schema, orphan.id)
@@ -524,7 +520,7 @@ async def test_invalid_events_are_rejected_and_the_run_fails(
 
     async with runrow.Dispatcher(dsn, agent, schema=schema, **FAST):
         run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
-        await wait_for(lambda: _terminal(conn, schema, run.id), what="terminal")
+        await wait_for(lambda: is_terminal(conn, schema, run.id), what="terminal")
     assert errors == ["event"] * 5
     assert await status_of(conn, schema, run.id) == "completed"
 

@@ -16,7 +16,7 @@ import runrow
 from runrow._names import Channels
 
 from . import manual
-from .helpers import assert_journal_sound, events, run_row, status_of, table, wait_for
+from .helpers import assert_journal_sound, events, is_terminal, run_row, table, wait_for
 
 pytestmark = pytest.mark.anyio
 FAST = {"poll": 0.5, "heartbeat": 0.2, "lease": 2.0, "grace": 1.0, "reap_interval": 0.2}
@@ -33,16 +33,12 @@ async def test_deltas_merge_on_the_flush_clock(dsn: str, schema: str, conn: psyc
 
     async with runrow.Dispatcher(dsn, agent, schema=schema, flush_interval=0.25, **FAST):
         run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
-        await wait_for(lambda: _terminal(conn, schema, run.id), what="terminal")
+        await wait_for(lambda: is_terminal(conn, schema, run.id), what="terminal")
     evs = await assert_journal_sound(conn, schema, run.id)
     deltas = [p["delta"] for _, t, p in evs if t == "content_delta"]
     assert "".join(deltas) == "".join(f"{i}," for i in range(200))
     assert 2 <= len(deltas) <= 12  # ~1 s of text on a 250 ms clock, never one row per delta
     assert [t for _, t, _ in evs][-2:] == ["message_done", "complete"]
-
-
-async def _terminal(conn: psycopg.AsyncConnection, schema: str, run_id: uuid.UUID) -> bool:
-    return await status_of(conn, schema, run_id) in ("completed", "failed", "cancelled")
 
 
 async def test_streams_do_not_merge_and_structural_events_flush_first(
@@ -58,7 +54,7 @@ async def test_streams_do_not_merge_and_structural_events_flush_first(
 
     async with runrow.Dispatcher(dsn, agent, schema=schema, flush_interval=60, **FAST):
         run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
-        await wait_for(lambda: _terminal(conn, schema, run.id), what="terminal")
+        await wait_for(lambda: is_terminal(conn, schema, run.id), what="terminal")
     evs = await assert_journal_sound(conn, schema, run.id)
     assert [(t, p) for _, t, p in evs[2:]] == [
         ("content_delta", {"delta": "ab"}),

@@ -13,14 +13,10 @@ from psycopg import sql
 import runrow
 
 from . import manual
-from .helpers import assert_journal_sound, events, run_row, status_of, table, wait_for
+from .helpers import assert_journal_sound, events, is_terminal, run_row, status_of, table, wait_for
 
 pytestmark = pytest.mark.anyio
 FAST = {"poll": 0.5, "heartbeat": 0.2, "lease": 2.0, "grace": 1.0, "reap_interval": 0.2}
-
-
-async def _terminal(conn: psycopg.AsyncConnection, schema: str, run_id: uuid.UUID) -> bool:
-    return await status_of(conn, schema, run_id) in ("completed", "failed", "cancelled")
 
 
 async def test_stop_cancels_queued_turns_returns_drafts_and_stops_the_running_one(
@@ -51,10 +47,10 @@ async def test_stop_cancels_queued_turns_returns_drafts_and_stops_the_running_on
             (q1.id, {"text": "two"}),
             (q2.id, "three"),
         ]
-        await wait_for(lambda: _terminal(conn, schema, first.id), what="the running turn to stop")
+        await wait_for(lambda: is_terminal(conn, schema, first.id), what="the running turn to stop")
         assert other.id in d.in_flight  # another conversation is not touched
         await runrow.stop_conversation(dsn, "other", schema=schema)
-        await wait_for(lambda: _terminal(conn, schema, other.id), what="the other conversation to stop")
+        await wait_for(lambda: is_terminal(conn, schema, other.id), what="the other conversation to stop")
     assert seen_cancel == [True, True]
     row = await run_row(conn, schema, first.id)
     assert row["status"] == "cancelled" and row["cancel_requested"]
@@ -150,7 +146,7 @@ async def test_a_closed_client_connection_is_not_a_stop(
                 if ev.type == "content_delta":
                     break  # the browser tab closes
         gate.set()
-        await wait_for(lambda: _terminal(conn, schema, run.id), what="the run to finish anyway")
+        await wait_for(lambda: is_terminal(conn, schema, run.id), what="the run to finish anyway")
     assert await status_of(conn, schema, run.id) == "completed"
 
 
@@ -180,7 +176,7 @@ async def test_stop_racing_the_running_turn_finishing_200_times(
                 for k in range(3)
             ]
             await wait_for(
-                lambda t=turns: t[0].id in d.in_flight or _terminal(conn, schema, t[0].id),
+                lambda t=turns: t[0].id in d.in_flight or is_terminal(conn, schema, t[0].id),
                 interval=0.001,
                 what="turn 1 to start",
             )

@@ -162,6 +162,7 @@ class Dispatcher:
         if worker_id is not None:
             _json.check_id(worker_id, "worker_id")
         self.agent = agent
+        self.journal_notify = journal_notify
         self.observers = list(observers)
         self.schema = schema
         self.concurrency = concurrency
@@ -205,10 +206,7 @@ class Dispatcher:
             "cancel_flag": _sql.statement("cancel_flag", schema),
             "finalize": _sql.statement("finalize", schema),
             "flush_landed": _sql.statement("flush_landed", schema),
-            # Without the per-flush NOTIFY, tails fall back to polling (for measurement).
-            "append_events": _sql.statement("append_events", schema)
-            if journal_notify
-            else _sql.statement("append_events_quiet", schema),
+            "append_events": _sql.statement("append_events", schema),
         }
         # Counters a host (or the metrics module) can read.
         self.stats: dict[str, int] = dict.fromkeys(
@@ -616,14 +614,8 @@ class Dispatcher:
             log.debug("pool check failed: %s", exc)
 
     async def _append_batch(self, items: list[AppendItem]) -> list[bool]:
-        runs, tokens, seqs, types, payloads = [], [], [], [], []
-        for run_id, token, rows in items:
-            for seq, etype, payload in rows:
-                runs.append(run_id)
-                tokens.append(token)
-                seqs.append(seq)
-                types.append(etype)
-                payloads.append(payload)
+        runs, seqs, types, payloads = _columns([(run_id, rows) for run_id, _, rows in items])
+        tokens = [token for _, token, rows in items for _ in rows]
         async with statement_conn(self.pool) as conn:
             cur = await conn.execute(
                 self._queries["append_events"],
@@ -634,19 +626,14 @@ class Dispatcher:
                     "types": types,
                     "payloads": payloads,
                     "events_prefix": self.channels.events_prefix,
+                    "notify": self.journal_notify,
                 },
             )
             landed = {r[0] for r in await cur.fetchall()}
         return [run_id in landed for run_id, _, _ in items]
 
     async def _finalize_batch(self, items: list[_FinalItem]) -> list[bool]:
-        ev_runs, ev_seqs, ev_types, ev_payloads = [], [], [], []
-        for run_id, _, _, _, _, rows in items:
-            for seq, etype, payload in rows:
-                ev_runs.append(run_id)
-                ev_seqs.append(seq)
-                ev_types.append(etype)
-                ev_payloads.append(payload)
+        ev_runs, ev_seqs, ev_types, ev_payloads = _columns([(i[0], i[5]) for i in items])
         async with statement_conn(self.pool) as conn:
             cur = await conn.execute(
                 self._queries["finalize"],
@@ -789,6 +776,23 @@ class Dispatcher:
             self._observe(lambda o: o.reaped(count=n))
         if n:
             self._waker.set()
+
+
+def _columns(
+    batches: list[tuple[uuid.UUID, list[tuple[int, str, str]]]],
+) -> tuple[list[uuid.UUID], list[int], list[str], list[str]]:
+    """Journal rows of many runs as parallel arrays, the shape unnest() reads."""
+    runs: list[uuid.UUID] = []
+    seqs: list[int] = []
+    types: list[str] = []
+    payloads: list[str] = []
+    for run_id, rows in batches:
+        for seq, etype, payload in rows:
+            runs.append(run_id)
+            seqs.append(seq)
+            types.append(etype)
+            payloads.append(payload)
+    return runs, seqs, types, payloads
 
 
 async def reap_expired(
