@@ -55,7 +55,9 @@ async def enqueue(
         "wake_channel": Channels.for_schema(schema).wake,
     }
     query = _sql.statement("enqueue", schema)
-    async with schema_guard(db, schema), atomic(db) as conn:
+    # One self-contained statement: on an autocommit connection it is one round trip;
+    # inside the caller's transaction it joins it; otherwise it gets its own.
+    async with schema_guard(db, schema), statement_conn(db) as conn:
         cur = await conn.execute(query, params)
         row = await cur.fetchone()
     if row is not None:
