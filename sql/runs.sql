@@ -197,7 +197,7 @@ LIMIT %(limit)s
 
 -- name: stats
 SELECT status, count(*) AS runs,
-       extract(epoch FROM now() - min(created_at)) FILTER (WHERE status = 'queued') AS oldest_queued_seconds
+       extract(epoch FROM now() - min(created_at) FILTER (WHERE status = 'queued')) AS oldest_queued_seconds
 FROM {schema}.agent_run
 WHERE status IN ('queued', 'running') OR finished_at > now() - interval '1 hour'
 GROUP BY status
