@@ -225,3 +225,18 @@ async def test_a_refresh_is_bounded_and_a_scrape_never_waits(dsn: str, schema: s
 
 async def _is(conn: psycopg.AsyncConnection, schema: str, run_id: uuid.UUID, status: str) -> bool:
     return await status_of(conn, schema, run_id) == status
+
+
+async def test_queue_stats_agrees_with_the_collector(dsn: str, schema: str) -> None:
+    """runrow.queue_stats (the `runrow stats` command) and the collector read the same rows."""
+    for i in range(3):
+        await runrow.enqueue(
+            dsn, schema=schema, conversation_id=f"q{i}", user_id="u", content="x", tenant_id="t"
+        )
+    stats = await runrow.queue_stats(dsn, schema=schema)
+    assert stats.queued == 3 and stats.running == 0
+    assert stats.oldest_queued_seconds is not None and 0 <= stats.oldest_queued_seconds < 60
+    collector = QueueCollector(dsn, schema=schema, register=False)
+    await collector.refresh()
+    found = {(m.name, tuple(s.labels.items())): s.value for m in collector.collect() for s in m.samples}
+    assert found[("runrow_queue_depth", (("tenant", "t"),))] == 3
