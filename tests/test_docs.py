@@ -72,15 +72,30 @@ def test_the_docs_have_runnable_snippets_and_few_exceptions() -> None:
     assert len(skipped) <= MAX_NO_TEST, f"too many no-test blocks: {skipped}"
 
 
-async def _reset_default_schema(dsn: str) -> None:
+async def _schemas(dsn: str) -> set[str]:
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        await conn.execute("DROP SCHEMA IF EXISTS runrow, app CASCADE")
+        cur = await conn.execute("SELECT nspname FROM pg_namespace")
+        return {r[0] for r in await cur.fetchall()}
+
+
+async def _drop(dsn: str, schemas: set[str]) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        for name in sorted(schemas):
+            await conn.execute(
+                psycopg.sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(psycopg.sql.Identifier(name))
+            )
+
+
+async def _reset_default_schema(dsn: str) -> None:
+    await _drop(dsn, {"runrow", "app"})
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         await conn.execute("CREATE SCHEMA app")
     await runrow.migrate(dsn)
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(DOCS)) for p in PAGES])
 async def test_page_snippets_run(page: Path, dsn: str) -> None:
+    existing = await _schemas(dsn) - {"runrow", "app"}
     await _reset_default_schema(dsn)
     namespace: dict[str, object] = {"__name__": "__docs__", "DATABASE_URL": dsn}
     try:
@@ -98,5 +113,5 @@ async def test_page_snippets_run(page: Path, dsn: str) -> None:
                 if inspect.isawaitable(result):
                     await result
     finally:
-        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-            await conn.execute("DROP SCHEMA IF EXISTS runrow, app CASCADE")
+        # Whatever the page created (the default schema, app, and any other) goes.
+        await _drop(dsn, await _schemas(dsn) - existing)
