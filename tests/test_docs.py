@@ -115,3 +115,20 @@ async def test_page_snippets_run(page: Path, dsn: str) -> None:
     finally:
         # Whatever the page created (the default schema, app, and any other) goes.
         await _drop(dsn, await _schemas(dsn) - existing)
+
+
+def test_the_site_builds_strictly(tmp_path: Path) -> None:
+    """What CI runs (.ci/docs); skipped where the docs extra is not installed."""
+    pytest.importorskip("mkdocs")
+    pytest.importorskip("mkdocstrings")
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=DOCS.parent,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
