@@ -197,7 +197,7 @@ class QueueCollector(Collector):
         db: Database,
         *,
         schema: str = DEFAULT_SCHEMA,
-        hubs: Sequence[NotifyHub] = (),
+        hubs: Sequence[NotifyHub | None] = (),
         interval: float = 5.0,
         timeout: float = 2.0,
         registry: CollectorRegistry | None = None,
@@ -210,7 +210,7 @@ class QueueCollector(Collector):
         self.schema = schema
         self.interval = interval
         self.timeout = timeout
-        self.hubs: list[NotifyHub] = list(hubs)
+        self.hubs: list[NotifyHub] = [h for h in hubs if h is not None]
         self.errors = 0
         self.refreshes = 0
         # (refreshed at (monotonic), {tenant: (queued, running, oldest queued seconds or nan)})
@@ -220,9 +220,10 @@ class QueueCollector(Collector):
         if register:
             (REGISTRY if registry is None else registry).register(self)
 
-    def add_hub(self, hub: NotifyHub) -> None:
-        """Reports ``hub``'s reconnects too (e.g. ``dispatcher.hub`` once it started)."""
-        if hub not in self.hubs:
+    def add_hub(self, hub: NotifyHub | None) -> None:
+        """Reports ``hub``'s reconnects too (e.g. ``dispatcher.hub`` once it started;
+        None, a dispatcher's hub with ``notifications=False``, is ignored)."""
+        if hub is not None and hub not in self.hubs:
             self.hubs.append(hub)
 
     async def refresh(self) -> None:
