@@ -1,0 +1,134 @@
+"""Every Python code block under docs/ runs, against a real database.
+
+The blocks of one page run in order in one namespace (like a notebook), with top-level
+``await`` allowed and ``DATABASE_URL`` set to the test database, whose default
+``runrow`` schema is freshly migrated for each page (and the host schema ``app``, which
+the pages use for the host's own tables, starts empty). A block preceded by an HTML
+comment ``<!-- no-test: reason -->`` is not run; keep those few and say why.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import linecache
+import re
+from pathlib import Path
+
+import anyio
+import psycopg
+import pytest
+
+import runrow
+
+pytestmark = pytest.mark.anyio
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>[\w+-]*)[^\n]*$")
+NO_TEST = re.compile(r"^<!--\s*no-test:\s*(?P<reason>\S.*?)\s*-->\s*$")
+MAX_NO_TEST = 6
+
+
+class Block:
+    def __init__(self, path: Path, line: int, code: str, skip: str | None) -> None:
+        self.path, self.line, self.code, self.skip = path, line, code, skip
+
+    def __repr__(self) -> str:
+        return f"{self.path.relative_to(DOCS)}:{self.line}"
+
+
+def python_blocks(path: Path) -> list[Block]:
+    lines = path.read_text(encoding="utf-8").splitlines()
+    blocks: list[Block] = []
+    i = 0
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        start, lang = i, m.group("lang")
+        i += 1
+        body = []
+        while i < len(lines) and not lines[i].strip().startswith("```"):
+            body.append(lines[i])
+            i += 1
+        i += 1
+        if lang not in ("python", "py"):
+            continue
+        assert not m.group("indent"), f"{path}:{start + 1}: indented python blocks are not run; dedent it"
+        prev = next((lines[j] for j in range(start - 1, -1, -1) if lines[j].strip()), "")
+        skip = NO_TEST.match(prev.strip())
+        blocks.append(Block(path, start + 1, "\n".join(body), skip.group("reason") if skip else None))
+    return blocks
+
+
+PAGES = sorted(p for p in DOCS.rglob("*.md") if python_blocks(p))
+
+
+def test_the_docs_have_runnable_snippets_and_few_exceptions() -> None:
+    blocks = [b for p in PAGES for b in python_blocks(p)]
+    skipped = [b for b in blocks if b.skip]
+    assert len(blocks) >= 15, "expected the docs to show code"
+    assert len(skipped) <= MAX_NO_TEST, f"too many no-test blocks: {skipped}"
+
+
+async def _schemas(dsn: str) -> set[str]:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute("SELECT nspname FROM pg_namespace")
+        return {r[0] for r in await cur.fetchall()}
+
+
+async def _drop(dsn: str, schemas: set[str]) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        for name in sorted(schemas):
+            await conn.execute(
+                psycopg.sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(psycopg.sql.Identifier(name))
+            )
+
+
+async def _reset_default_schema(dsn: str) -> None:
+    await _drop(dsn, {"runrow", "app"})
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute("CREATE SCHEMA app")
+    await runrow.migrate(dsn)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(DOCS)) for p in PAGES])
+async def test_page_snippets_run(page: Path, dsn: str) -> None:
+    existing = await _schemas(dsn) - {"runrow", "app"}
+    await _reset_default_schema(dsn)
+    namespace: dict[str, object] = {"__name__": "__docs__", "DATABASE_URL": dsn}
+    try:
+        for block in python_blocks(page):
+            if block.skip:
+                continue
+            # Tracebacks name the page and its line numbers, and show its lines.
+            name = f"docs/{page.relative_to(DOCS)}"
+            text = page.read_text(encoding="utf-8")
+            linecache.cache[name] = (len(text), None, text.splitlines(keepends=True), name)
+            source = "\n" * block.line + block.code
+            code = compile(source, name, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True)
+            with anyio.fail_after(60):
+                result = eval(code, namespace)  # the docs own code
+                if inspect.isawaitable(result):
+                    await result
+    finally:
+        # Whatever the page created (the default schema, app, and any other) goes.
+        await _drop(dsn, await _schemas(dsn) - existing)
+
+
+def test_the_site_builds_strictly(tmp_path: Path) -> None:
+    """What CI runs (.ci/docs); skipped where the docs extra is not installed."""
+    pytest.importorskip("mkdocs")
+    pytest.importorskip("mkdocstrings")
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=DOCS.parent,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
