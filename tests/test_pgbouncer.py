@@ -262,24 +262,21 @@ async def _is(conn: psycopg.AsyncConnection, schema: str, run_id: object, status
     return await status_of(conn, schema, run_id) == status
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core: tail(conninfo_str) and Dispatcher(conninfo_str) open connections with psycopg's "
-    "default prepare_threshold (5), and pgbouncer < 1.21 in transaction mode cannot carry "
-    "prepared statements: 'prepared statement \"_pg3_0\" already exists / does not exist'",
-)
 async def test_conninfo_strings_through_the_pooler(
     bouncer: str, dsn: str, schema: str, pooled: AsyncConnectionPool[psycopg.AsyncConnection]
 ) -> None:
-    """The desired behaviour: a bare conninfo string to pgbouncer works too. Today it does
-    not: pass a pool built with prepare_threshold=None (see docs/howto/pgbouncer.md)."""
+    """Bare conninfo strings to pgbouncer work once prepared statements are off, and the
+    dispatcher's hub gets its own direct URL."""
 
     async def agent(run: runrow.RunContext) -> None:
         for i in range(10):
             await run.text(f"w{i} ")
             await anyio.sleep(0.03)
 
-    async with runrow.Dispatcher(pooled, agent, schema=schema, notifications=False, concurrency=8, poll=0.2):
+    async with runrow.Dispatcher(
+        bouncer, agent, schema=schema, concurrency=8, poll=0.2, prepared_statements=False, listen_conninfo=dsn
+    ) as d:
+        assert d.hub is not None
         runs = [
             await runrow.enqueue(pooled, schema=schema, conversation_id=f"c{i}", user_id="u", content="x")
             for i in range(8)
@@ -287,7 +284,7 @@ async def test_conninfo_strings_through_the_pooler(
         endings: list[object] = []
 
         async def follow(run: runrow.Run) -> None:
-            async for ev in runrow.tail(bouncer, run.id, schema=schema, poll=0.02):
+            async for ev in runrow.tail(bouncer, run.id, schema=schema, poll=0.02, prepared_statements=False):
                 if ev.terminal:
                     endings.append(ev.payload["status"])
 

@@ -113,3 +113,15 @@ async def schema_guard(db: Database, schema: str) -> AsyncIterator[None]:
             found = None  # e.g. the caller's transaction is aborted: say what we can
         expected = len(_sql.migrations())
         raise SchemaOutOfDate(schema, found if found != expected else None, expected) from exc
+
+
+def describe(exc: BaseException) -> str:
+    """An error for a log line: its type, SQLSTATE and primary message.
+
+    Never the server's DETAIL: for constraint errors PostgreSQL quotes the failing row
+    there, and rows hold users' messages, which logs must not carry.
+    """
+    name = type(exc).__name__
+    if isinstance(exc, psycopg.Error) and exc.sqlstate:
+        return f"{name} [{exc.sqlstate}]: {exc.diag.message_primary or ''}".rstrip(": ")
+    return f"{name}: {exc}" if str(exc) else name

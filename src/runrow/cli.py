@@ -101,6 +101,8 @@ async def cmd_worker(args: argparse.Namespace) -> int:
         poll=args.poll_seconds,
         worker_id=args.worker_id,
         notifications=not args.no_notify,
+        prepared_statements=not args.no_prepared_statements,
+        listen_conninfo=args.listen_database_url,
     )
     async with dispatcher:
         print(f"runrow worker {dispatcher.worker_id} ready (concurrency {args.concurrency})", flush=True)
@@ -140,7 +142,13 @@ async def cmd_runs(args: argparse.Namespace) -> int:
         run = await queries.get_run(url, args.run_id, schema=args.schema)
         _out(args, run, "\n".join(f"{k:>18}: {v}" for k, v in _jsonable(run).items()))
     elif args.runs_command == "tail":
-        async for ev in journal.tail(url, args.run_id, from_seq=args.from_seq, schema=args.schema):
+        async for ev in journal.tail(
+            url,
+            args.run_id,
+            from_seq=args.from_seq,
+            schema=args.schema,
+            prepared_statements=not args.no_prepared_statements,
+        ):
             if args.json:
                 print(json.dumps(ev.to_dict()), flush=True)
             elif not ev.keepalive:
@@ -236,6 +244,15 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--drain-seconds", type=float, default=30.0, help="SIGTERM drain budget")
     w.add_argument("--worker-id")
     w.add_argument("--no-notify", action="store_true", help="poll only (no LISTEN connection)")
+    w.add_argument(
+        "--listen-database-url",
+        help="a direct PostgreSQL URL for LISTEN (when --database-url goes through pgbouncer)",
+    )
+    w.add_argument(
+        "--no-prepared-statements",
+        action="store_true",
+        help="for a --database-url behind a transaction-pooling pgbouncer",
+    )
 
     r = sub.add_parser("runs", help="inspect, follow, cancel or retry runs")
     rsub = r.add_subparsers(dest="runs_command", required=True)
@@ -252,6 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     rt = rsub.add_parser("tail", parents=[common], help="follow a run's events until it ends")
     rt.add_argument("run_id")
     rt.add_argument("--from-seq", type=int, default=0)
+    rt.add_argument("--no-prepared-statements", action="store_true", help="for a URL behind pgbouncer")
 
     s = sub.add_parser("stop", parents=[common], help="stop every active turn of a conversation")
     s.add_argument("conversation_id")

@@ -30,7 +30,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from . import _json, _sql
-from ._db import require_schema, statement_conn
+from ._db import describe, require_schema, statement_conn
 from ._groupcommit import GroupCommit
 from ._names import DEFAULT_SCHEMA, Channels, check_schema
 from .errors import ConfigurationError, InvalidInput, LeaseLost
@@ -116,6 +116,10 @@ class Dispatcher:
     the latency without one), ``reap_interval`` (defaults to ``poll``) the reaper's tick,
     and ``flush_interval`` (0.25) the journal's text-merging clock. ``journal_notify=False``
     drops the per-flush NOTIFY (tails then poll); it exists to measure what the NOTIFY costs.
+
+    Behind a transaction-pooling pgbouncer: pass ``prepared_statements=False`` (or a pool
+    built with ``prepare_threshold=None``) and ``listen_conninfo``, a direct connection to
+    PostgreSQL for the hub's LISTEN (a pooled session cannot hold a LISTEN).
     """
 
     def __init__(
@@ -138,6 +142,8 @@ class Dispatcher:
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
         journal_notify: bool = True,
         observers: Sequence[Observer] = (),
+        prepared_statements: bool = True,
+        listen_conninfo: str | None = None,
     ) -> None:
         check_schema(schema)
         if not callable(agent):
@@ -163,6 +169,8 @@ class Dispatcher:
             _json.check_id(worker_id, "worker_id")
         self.agent = agent
         self.journal_notify = journal_notify
+        self.prepared_statements = prepared_statements
+        self.listen_conninfo = listen_conninfo
         self.observers = list(observers)
         self.schema = schema
         self.concurrency = concurrency
@@ -237,7 +245,9 @@ class Dispatcher:
                 min_size=1,
                 max_size=self.concurrency + 4,
                 open=False,
-                kwargs={"autocommit": True},
+                # Behind a transaction-pooling pgbouncer (< 1.21), server-side prepared
+                # statements break: prepared_statements=False turns them off.
+                kwargs={"autocommit": True, "prepare_threshold": 5 if self.prepared_statements else None},
                 name=f"runrow-{self.worker_id}",
             )
             await self._pool.open(wait=True)
@@ -245,7 +255,7 @@ class Dispatcher:
             async with statement_conn(self.pool) as conn:
                 await require_schema(conn, self.schema)
             if self._owns_hub:
-                self._hub = NotifyHub(self._conninfo())
+                self._hub = NotifyHub(self.listen_conninfo or self._conninfo())
                 await self._hub.__aenter__()
             self._tg = anyio.create_task_group()
             await self._tg.__aenter__()
@@ -382,7 +392,7 @@ class Dispatcher:
             try:
                 hook(obs)
             except Exception:  # an observer must never break a run
-                log.exception("observer %r failed", obs)
+                log.exception("observer %r failed", obs, extra={"worker_id": self.worker_id})
 
     # -- claiming ---------------------------------------------------------------------
 
@@ -417,7 +427,7 @@ class Dispatcher:
                     for _ in range(want):
                         self._slots.release()
                     self._db_trouble()
-                    log.warning("claim failed: %s", exc, extra={"worker_id": self.worker_id})
+                    log.warning("claim failed: %s", describe(exc), extra={"worker_id": self.worker_id})
                     await anyio.sleep(backoff)
                     backoff = min(backoff * 2, self.poll)
                     continue
@@ -576,11 +586,22 @@ class Dispatcher:
                     landed = await self._finalizer.submit(item)
                 except (psycopg.OperationalError, OSError, TimeoutError) as exc:
                     self._db_trouble()
-                    log.warning("finalize of run %s failed (attempt %d): %s", active.id, attempt + 1, exc)
+                    log.warning(
+                        "finalize of run %s failed (attempt %d): %s",
+                        active.id,
+                        attempt + 1,
+                        describe(exc),
+                        extra={"run_id": str(active.id), "worker_id": self.worker_id},
+                    )
                     await anyio.sleep(0.2 * (attempt + 1))
                     continue
                 except psycopg.Error as exc:
-                    log.warning("finalize of run %s rejected: %s", active.id, exc)
+                    log.warning(
+                        "finalize of run %s rejected: %s",
+                        active.id,
+                        describe(exc),
+                        extra={"run_id": str(active.id), "worker_id": self.worker_id},
+                    )
                     break
                 if not landed:
                     self.stats["lost"] += 1
@@ -611,7 +632,7 @@ class Dispatcher:
         try:
             await self.pool.check()
         except Exception as exc:  # pragma: no cover - best effort
-            log.debug("pool check failed: %s", exc)
+            log.debug("pool check failed: %s", describe(exc), extra={"worker_id": self.worker_id})
 
     async def _append_batch(self, items: list[AppendItem]) -> list[bool]:
         runs, seqs, types, payloads = _columns([(run_id, rows) for run_id, _, rows in items])
@@ -689,7 +710,12 @@ class Dispatcher:
                         )
                         row = await cur.fetchone()
                 except psycopg.Error as exc:
-                    log.warning("cancel check for run %s failed: %s", run_id, exc)
+                    log.warning(
+                        "cancel check for run %s failed: %s",
+                        run_id,
+                        describe(exc),
+                        extra={"run_id": str(run_id), "worker_id": self.worker_id},
+                    )
                     continue
                 if row is not None and row[0]:
                     self._cancel(active, "cancel")
@@ -735,7 +761,7 @@ class Dispatcher:
                 alive = {r[0]: r[1] for r in await cur.fetchall()}
         except (psycopg.Error, OSError) as exc:
             self._db_trouble()
-            log.warning("heartbeat failed: %s", exc, extra={"worker_id": self.worker_id})
+            log.warning("heartbeat failed: %s", describe(exc), extra={"worker_id": self.worker_id})
             return
         lag = self._beat_lag
         self._observe(lambda o: o.heartbeat(runs=len(alive), lag=lag))
@@ -756,7 +782,7 @@ class Dispatcher:
                 with anyio.CancelScope(shield=True), anyio.fail_after(max(self.poll, 5.0)):
                     await self.reap()
             except (psycopg.Error, OSError, TimeoutError) as exc:
-                log.warning("reaper pass failed: %s", exc, extra={"worker_id": self.worker_id})
+                log.warning("reaper pass failed: %s", describe(exc), extra={"worker_id": self.worker_id})
             await anyio.sleep(self.reap_interval)
 
     async def reap(self, *, now: Any = None, limit: int = 100) -> list[uuid.UUID]:
@@ -768,6 +794,7 @@ class Dispatcher:
             now=now,
             limit=limit,
             on_reaped=self._count_reaped,
+            reaper_id=self.worker_id,
         )
 
     def _count_reaped(self, n: int) -> None:
@@ -803,6 +830,7 @@ async def reap_expired(
     now: Any = None,
     limit: int = 100,
     on_reaped: Any = None,
+    reaper_id: str | None = None,
 ) -> list[uuid.UUID]:
     """Ends runs whose lease lapsed more than ``grace`` seconds ago (see :class:`Dispatcher`)."""
     channels = Channels.for_schema(schema)
@@ -839,7 +867,12 @@ async def reap_expired(
                 run_id,
                 worker_id,
                 status,
-                extra={"run_id": str(run_id), "conversation_id": conversation_id, "worker_id": worker_id},
+                extra={
+                    "run_id": str(run_id),
+                    "conversation_id": conversation_id,
+                    "lost_worker_id": worker_id,
+                    "worker_id": reaper_id,
+                },
             )
         if on_reaped is not None:
             on_reaped(len(rows))

@@ -24,6 +24,7 @@ import anyio
 import psycopg
 from psycopg import AsyncConnection, sql
 
+from ._db import describe
 from ._names import MAX_IDENTIFIER_BYTES
 from .errors import InvalidInput
 
@@ -225,9 +226,13 @@ class NotifyHub:
                 await self._listen(conn)
             except (psycopg.Error, OSError, TimeoutError) as exc:
                 if self.connected:
-                    log.warning("notify hub lost its connection: %s", exc)
+                    log.warning(
+                        "notify hub lost its connection: %s",
+                        describe(exc),
+                        extra={"backend_pid": self.backend_pid},
+                    )
                 else:
-                    log.debug("notify hub cannot connect: %s", exc)
+                    log.debug("notify hub cannot connect: %s", describe(exc))
             finally:
                 self.connected = False
                 self._listening = set()

@@ -33,7 +33,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from . import _json, _sql
-from ._db import Database, schema_guard, statement_conn
+from ._db import Database, describe, schema_guard, statement_conn
 from ._models import TERMINAL
 from ._names import DEFAULT_SCHEMA, Channels, check_schema
 from .enqueue import parse_run_id
@@ -235,7 +235,7 @@ class JournalWriter:
                 log.info(
                     "flush of run %s failed (%s); checking whether it landed",
                     self.run_id,
-                    exc,
+                    describe(exc),
                     extra={"run_id": str(self.run_id)},
                 )
             while True:
@@ -276,7 +276,7 @@ class JournalWriter:
                     log.warning(
                         "journal flush failed for run %s: %s",
                         self.run_id,
-                        exc,
+                        describe(exc),
                         extra={"run_id": str(self.run_id)},
                     )
                     return
@@ -295,6 +295,7 @@ async def tail(
     poll: float = 0.5,
     schema: str = DEFAULT_SCHEMA,
     batch: int = 500,
+    prepared_statements: bool = True,
 ) -> AsyncIterator[Event]:
     """Yields the run's events after ``from_seq``, live, until its terminal event.
 
@@ -303,7 +304,9 @@ async def tail(
     back as ``from_seq`` to resume: no gap, no duplicate), yields a keepalive after
     ``keepalive`` idle seconds, and ends after the terminal event. If the run ended
     without a journaled terminal event, one is synthesised from the run row. Without
-    a hub (or while it is down) it polls every ``poll`` seconds.
+    a hub (or while it is down) it polls every ``poll`` seconds. Given a conninfo string,
+    it keeps one connection of its own; ``prepared_statements=False`` is for a conninfo
+    that points at a transaction-pooling pgbouncer.
     """
     check_schema(schema)
     rid = parse_run_id(run_id)
@@ -326,12 +329,19 @@ async def tail(
         while True:
             try:
                 async with schema_guard(db, schema):
-                    rows, state = await _read(db, conn_box, own, read_q, state_q, rid, cursor, batch)
+                    rows, state = await _read(
+                        db, conn_box, own, read_q, state_q, rid, cursor, batch, prepared_statements
+                    )
                 backoff = poll
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                 # The database is unreachable for now: a tail waits it out (keepalives
                 # continue), reconnecting as needed. A dropped read only costs latency.
-                log.info("tail of run %s cannot read (%s); retrying", rid, exc, extra={"run_id": str(rid)})
+                log.info(
+                    "tail of run %s cannot read (%s); retrying",
+                    rid,
+                    describe(exc),
+                    extra={"run_id": str(rid)},
+                )
                 await _close_all(conn_box)
                 if isinstance(db, AsyncConnectionPool):
                     with contextlib.suppress(Exception):
@@ -377,12 +387,17 @@ async def _read(
     rid: uuid.UUID,
     cursor: int,
     batch: int,
+    prepared_statements: bool = True,
 ) -> tuple[list[tuple[Any, ...]], tuple[Any, ...] | None]:
     """Events after ``cursor``; when there are none, the run's (status, error) as well."""
     if own:
         if not conn_box or conn_box[0].closed:
             assert isinstance(db, str)
-            conn_box[:] = [await AsyncConnection.connect(db, autocommit=True)]
+            conn_box[:] = [
+                await AsyncConnection.connect(
+                    db, autocommit=True, prepare_threshold=5 if prepared_statements else None
+                )
+            ]
         source: Database = conn_box[0]
     else:
         source = db
