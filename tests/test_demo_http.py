@@ -286,3 +286,39 @@ async def test_examples_chat_run_py_wires_host_auth_and_agent(dsn: str, schema: 
     assert callable(module.build_app) and callable(module.main)
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         await conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(f"{schema}_demo")))
+
+
+def _metric(text: str, name: str, **labels: str) -> float:
+    """One sample's value from a Prometheus text exposition (0 when absent)."""
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        if line.startswith("#") or " " not in line:
+            continue
+        key, value = line.rsplit(" ", 1)
+        metric, _, rest = key.partition("{")
+        found = ",".join(sorted(p for p in rest.rstrip("}").split(",") if p)) if rest else ""
+        if metric == name and found == want:
+            return float(value)
+    return 0.0
+
+
+async def test_metrics_endpoint_counts_runs_after_a_few_turns(dsn: str, schema: str) -> None:
+    async with serve_demo(dsn, schema, token_delay=0.05) as base, httpx.AsyncClient(base_url=base) as client:
+        before = (await client.get("/metrics")).text
+        assert "runrow_queue_depth" in before
+        done = [await _post(client, f"m-{i}", f"question {i}") for i in range(3)]
+        for r in done:
+            assert (await _wait_status(client, r["run_id"], {"completed"}))["status"] == "completed"
+        slow = await _post(client, "m-stop", "a long question " * 30)
+        await _wait_status(client, slow["run_id"], {"running"})
+        assert (await client.post("/v1/conversations/m-stop/stop", headers=ALICE)).status_code == 200
+        await _wait_status(client, slow["run_id"], {"cancelled"})
+        text = (await client.get("/metrics")).text
+    assert (
+        _metric(text, "runrow_runs_finished_total", status="completed", recorded="true")
+        - _metric(before, "runrow_runs_finished_total", status="completed", recorded="true")
+        == 3
+    )
+    assert _metric(text, "runrow_runs_finished_total", status="cancelled", recorded="true") == 1
+    assert _metric(text, "runrow_runs_started_total") == 4
+    assert _metric(text, "runrow_queue_wait_seconds_count") == 4

@@ -156,6 +156,7 @@ class _Api:
         self.in_process_workers = in_process_workers
         self.agent = agent
         self.dispatcher_options = dict(dispatcher_options)
+        self.registry = _metrics_registry()
         self._pool: AsyncConnectionPool[AsyncConnection] | None = None
         self._hub: runrow.NotifyHub | None = None
 
@@ -181,11 +182,26 @@ class _Api:
                 await store.ensure_tables(conn, self.demo_schema)
             self._pool = pool
             self._hub = await stack.enter_async_context(runrow.NotifyHub(self.url))
+            observers: list[runrow.Observer] = []
+            if self.registry is not None:
+                # /metrics: queue depth per tenant (read off the request path) and, for
+                # in-process workers, run counters and latencies.
+                from runrow.metrics import PrometheusObserver, QueueCollector
+
+                await stack.enter_async_context(
+                    QueueCollector(pool, schema=self.schema, hubs=[self._hub], registry=self.registry)
+                )
+                observers.append(PrometheusObserver(registry=self.registry))
             agent = self.agent or DemoAgent(self.url, demo_schema=self.demo_schema)
             dispatchers = []
             for _ in range(self.in_process_workers):
                 d = runrow.Dispatcher(
-                    self.url, agent, schema=self.schema, hub=self._hub, **self.dispatcher_options
+                    self.url,
+                    agent,
+                    schema=self.schema,
+                    hub=self._hub,
+                    observers=observers,
+                    **self.dispatcher_options,
                 )
                 dispatchers.append(await stack.enter_async_context(d))
             app.state.dispatchers = dispatchers
@@ -195,6 +211,12 @@ class _Api:
                 for d in dispatchers:
                     await d.stop(5.0)
                 self._pool = None
+
+    async def metrics(self, request: Request) -> Response:
+        """Prometheus text exposition of this app's registry."""
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
 
     # -- helpers ------------------------------------------------------------------------
 
@@ -428,6 +450,7 @@ def create_app(
 
     routes = [
         Route("/", index, methods=["GET"]),
+        *([Route("/metrics", api.metrics, methods=["GET"])] if api.registry is not None else []),
         Route("/openapi.json", api.openapi, methods=["GET"]),
         Route("/v1/conversations/{conversation_id}/messages", api.post_message, methods=["POST"]),
         Route("/v1/conversations/{conversation_id}/stop", api.stop, methods=["POST"]),
@@ -448,3 +471,13 @@ def create_app(
     )
     app.state.api = api
     return app
+
+
+def _metrics_registry() -> Any:
+    """A registry of this app's own (so several apps can live in one process), or None
+    when prometheus-client is not installed (`pip install runrow[metrics]`)."""
+    try:
+        from prometheus_client import CollectorRegistry
+    except ImportError:
+        return None
+    return CollectorRegistry()
