@@ -4,12 +4,45 @@
 -- name: enqueue
 -- Message, run, journal seq 1-2 and the queue wake in one statement (one round trip,
 -- one transaction). With an idempotency key that already exists, nothing is written.
-WITH run AS (
+-- The gate: with %(max_queued_tenant)s / %(max_queued_conversation)s (NULL: no limit)
+-- the tenant's / conversation's queued runs are counted (up to the limit only), and with
+-- %(reject_if_busy)s an active turn of the conversation refuses the enqueue; a refused
+-- enqueue writes nothing and returns the gate's counts with a NULL id. Race safety comes
+-- from the caller: it takes the advisory locks (admission_lock) in an earlier statement
+-- of the same transaction, so this statement's snapshot is taken after them.
+WITH gate AS (
+    SELECT
+        CASE WHEN %(max_queued_tenant)s::integer IS NULL THEN NULL ELSE (
+            SELECT count(*) FROM (
+                SELECT 1 FROM {schema}.agent_run q
+                WHERE q.status = 'queued' AND q.tenant_key = coalesce(%(tenant_id)s::text, '')
+                LIMIT %(max_queued_tenant)s::integer) x) END AS tenant_queued,
+        CASE WHEN %(max_queued_conversation)s::integer IS NULL THEN NULL ELSE (
+            SELECT count(*) FROM (
+                SELECT 1 FROM {schema}.agent_run q
+                WHERE q.status = 'queued' AND q.conversation_id = %(conversation_id)s
+                LIMIT %(max_queued_conversation)s::integer) x) END AS conversation_queued,
+        CASE WHEN %(reject_if_busy)s::boolean THEN EXISTS (
+            SELECT 1 FROM {schema}.agent_run b
+            WHERE b.conversation_id = %(conversation_id)s AND b.status IN ('queued', 'running'))
+        ELSE false END AS busy
+), admitted AS (
+    SELECT 1 FROM gate
+    WHERE NOT gate.busy
+      AND (gate.tenant_queued IS NULL OR gate.tenant_queued < %(max_queued_tenant)s::integer)
+      AND (gate.conversation_queued IS NULL
+           OR gate.conversation_queued < %(max_queued_conversation)s::integer)
+), run AS (
     INSERT INTO {schema}.agent_run
-        (conversation_id, user_id, tenant_id, user_message_id, request, idempotency_key)
-    VALUES
-        (%(conversation_id)s, %(user_id)s, %(tenant_id)s, gen_random_uuid(),
-         %(request)s, %(idempotency_key)s)
+        (conversation_id, user_id, tenant_id, user_message_id, request, idempotency_key,
+         priority, not_before, deadline_at)
+    SELECT %(conversation_id)s, %(user_id)s, %(tenant_id)s, gen_random_uuid(),
+           %(request)s, %(idempotency_key)s, %(priority)s,
+           coalesce(%(not_before_at)s::timestamptz,
+                    now() + make_interval(secs => %(not_before_in)s::float8)),
+           coalesce(%(deadline_at)s::timestamptz,
+                    now() + make_interval(secs => %(deadline_in)s::float8))
+    FROM admitted
     ON CONFLICT (user_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, user_message_id, conversation_id, user_id, status, created_at
 ), msg AS (
@@ -21,8 +54,30 @@ WITH run AS (
     UNION ALL
     SELECT id, 2, 'run_queued', jsonb_build_object('run_id', id) FROM run
 )
-SELECT id, status, conversation_id, user_message_id, created_at, pg_notify(%(wake_channel)s, '')
-FROM run
+SELECT run.id, run.status, run.conversation_id, run.user_message_id, run.created_at,
+       CASE WHEN run.id IS NOT NULL THEN pg_notify(%(wake_channel)s, '') END AS woke,
+       EXISTS (SELECT 1 FROM admitted) AS admitted, gate.busy,
+       gate.tenant_queued, gate.conversation_queued
+FROM gate LEFT JOIN run ON true
+
+-- name: admission_lock
+-- Serialises gated enqueues of one tenant and/or one conversation until the
+-- transaction ends (a NULL key takes no lock). Tenant first, then conversation: one
+-- order everywhere, so two gated enqueues never deadlock.
+SELECT CASE WHEN %(tenant_lock)s::text IS NULL THEN NULL
+            ELSE pg_advisory_xact_lock(hashtextextended(%(tenant_lock)s::text, 0))::text END,
+       CASE WHEN %(conversation_lock)s::text IS NULL THEN NULL
+            ELSE pg_advisory_xact_lock(hashtextextended(%(conversation_lock)s::text, 0))::text END
+
+-- name: throughput
+-- Recent outcomes, for the Overloaded retry-after hint and queue position's wait.
+SELECT count(*) AS finished,
+       count(*) FILTER (WHERE tenant_key = coalesce(%(tenant_id)s::text, '')) AS tenant_finished,
+       extract(epoch FROM avg(finished_at - started_at)
+                          FILTER (WHERE started_at IS NOT NULL))::float8 AS avg_run_seconds
+FROM {schema}.agent_run
+WHERE finished_at IS NOT NULL
+  AND finished_at > coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(window_seconds)s)
 
 -- name: find_idempotent
 SELECT id, status, conversation_id, user_message_id, created_at
@@ -30,15 +85,116 @@ FROM {schema}.agent_run
 WHERE user_id = %(user_id)s AND idempotency_key = %(idempotency_key)s
 
 -- name: claim
--- Claims up to %(limit)s runs in one statement. A run is a candidate only when it is
--- the oldest queued turn of its conversation and no turn of it is running, so one
--- statement takes at most one run per conversation and turns start in enqueue order.
--- The filter reads a snapshot; the unique index one_running_per_conversation is the
--- guarantee (a violation means: claim nothing this round).
+-- The fair claim: up to %(limit)s runs in one statement, fairly across tenants.
+-- Eligible: queued, due (not_before <= now), the oldest queued turn of its conversation,
+-- no turn of that conversation running, and its tenant below its max_running cap.
+-- Order: each tenant's eligible runs are ranked k = 1, 2, ... by (priority DESC,
+-- queue_order); across tenants runs go by (running + k - 1) / weight ascending (the
+-- tenant's share after taking this run), then priority DESC, then queue_order.
+-- Cost: the tenants with queued work are found by a skip scan of the fair index (one
+-- probe each); each tenant offers its first eligible run and, if its share is low
+-- enough to matter, a few more (see threshold), read from the index in claim order, so
+-- a hot tenant's long queue is never scanned. Only the best candidates are locked
+-- (SKIP LOCKED, in claim order, stopping at %(limit)s); those a concurrent claim holds
+-- are skipped. A single claim's pick is exact; a batch is exact unless tenants' runs are
+-- blocked (conversation order, not_before), when it may come back smaller. The unique index
+-- one_running_per_conversation is still the guarantee.
+WITH RECURSIVE tenants (tenant_key) AS (
+    (SELECT r.tenant_key FROM {schema}.agent_run r
+     WHERE r.status = 'queued' ORDER BY r.tenant_key LIMIT 1)
+    UNION ALL
+    SELECT (SELECT r.tenant_key FROM {schema}.agent_run r
+            WHERE r.status = 'queued' AND r.tenant_key > t.tenant_key
+            ORDER BY r.tenant_key LIMIT 1)
+    FROM tenants t WHERE t.tenant_key IS NOT NULL
+), running AS (
+    SELECT r.tenant_key, count(*) AS n FROM {schema}.agent_run r
+    WHERE r.status = 'running' GROUP BY r.tenant_key
+), depth AS (
+    -- At most how many candidates a tenant offers: %(limit)s, more with few tenants, so
+    -- that concurrent claimers that lose a lock race (SKIP LOCKED) still find others.
+    SELECT greatest(%(limit)s::bigint,
+                    ceil(4.0 * %(limit)s / greatest(1, count(*)))::bigint) AS per_tenant
+    FROM tenants WHERE tenant_key IS NOT NULL
+), share AS (
+    SELECT t.tenant_key, coalesce(ru.n, 0) AS running, coalesce(p.weight, 1) AS weight,
+           CASE WHEN p.max_running IS NULL THEN depth.per_tenant
+                ELSE greatest(0, least(depth.per_tenant, p.max_running - coalesce(ru.n, 0))) END AS room
+    FROM depth, tenants t
+    LEFT JOIN running ru ON ru.tenant_key = t.tenant_key
+    LEFT JOIN {schema}.tenant_policy p ON p.tenant_key = t.tenant_key
+    WHERE t.tenant_key IS NOT NULL
+), threshold AS (
+    -- The 4 x %(limit)s-th smallest load if every tenant had room runs eligible. A
+    -- tenant's runs past it cannot be among the best 4 x %(limit)s, so it offers only
+    -- those at or under it, and always its first: with 100 idle tenants, 100 candidates
+    -- instead of 800.
+    SELECT (s.running + k - 1)::float8 / s.weight AS load
+    FROM share s, generate_series(1, s.room) k
+    ORDER BY 1 OFFSET 4 * %(limit)s - 1 LIMIT 1
+), sized AS (
+    SELECT s.tenant_key, s.running, s.weight,
+           CASE WHEN s.room = 0 THEN 0
+                WHEN th.load IS NULL THEN s.room
+                ELSE greatest(1, least(s.room, floor(th.load * s.weight - s.running + 1e-9)::bigint + 1))
+           END AS offer
+    FROM share s LEFT JOIN threshold th ON true
+), ranked AS (
+    SELECT h.id, h.priority, h.queue_order,
+           (s.running + row_number() OVER (PARTITION BY s.tenant_key
+                                           ORDER BY h.priority DESC, h.queue_order) - 1)::float8
+               / s.weight AS load
+    FROM sized s
+    CROSS JOIN LATERAL (
+        SELECT r.id, r.priority, r.queue_order
+        FROM {schema}.agent_run r
+        WHERE r.status = 'queued' AND r.tenant_key = s.tenant_key
+          AND (r.not_before IS NULL OR r.not_before <= coalesce(%(now)s::timestamptz, now()))
+          AND NOT EXISTS (
+              SELECT 1 FROM {schema}.agent_run o
+              WHERE o.conversation_id = r.conversation_id
+                AND o.status IN ('queued', 'running')
+                AND (o.status = 'running' OR o.queue_order < r.queue_order))
+        ORDER BY r.priority DESC, r.queue_order
+        LIMIT s.offer
+    ) h
+), picked AS (
+    -- The best 4 x %(limit)s candidates in claim order, as one array: the lock below then
+    -- probes the primary key for exactly these rows instead of joining the queue.
+    SELECT (array_agg(ranked.id ORDER BY ranked.load, ranked.priority DESC, ranked.queue_order))
+               [1:4 * %(limit)s] AS ids
+    FROM ranked
+), candidate AS (
+    SELECT a.id
+    FROM {schema}.agent_run a
+    WHERE a.id = ANY ((SELECT ids FROM picked)::uuid[]) AND a.status = 'queued'
+    ORDER BY array_position((SELECT ids FROM picked)::uuid[], a.id)
+    LIMIT %(limit)s
+    FOR UPDATE OF a SKIP LOCKED
+)
+UPDATE {schema}.agent_run a SET
+    status            = 'running',
+    claim_token       = gen_random_uuid(),
+    claim_expires_at  = coalesce(%(now)s::timestamptz, now())
+                        + make_interval(secs => %(lease_seconds)s),
+    worker_id         = %(worker_id)s,
+    started_at        = coalesce(%(now)s::timestamptz, now()),
+    last_heartbeat_at = coalesce(%(now)s::timestamptz, now())
+FROM candidate
+WHERE a.id = candidate.id
+RETURNING a.id, a.claim_token, a.conversation_id, a.user_id, a.tenant_id, a.request,
+    a.user_message_id, a.cancel_requested, a.created_at, a.started_at, a.deadline_at, a.priority,
+    (SELECT m.content FROM {schema}.message m WHERE m.id = a.user_message_id) AS content,
+    (SELECT coalesce(max(e.seq), 0) FROM {schema}.run_event e WHERE e.run_id = a.id) AS last_seq
+
+-- name: claim_fifo
+-- The plain FIFO claim (Dispatcher(claim_order="fifo")): global enqueue order, ignoring
+-- tenants, weights, caps and priorities; not_before is still honoured. Cheapest; unfair.
 WITH candidate AS (
     SELECT r.id
     FROM {schema}.agent_run r
     WHERE r.status = 'queued'
+      AND (r.not_before IS NULL OR r.not_before <= coalesce(%(now)s::timestamptz, now()))
       AND NOT EXISTS (
           SELECT 1 FROM {schema}.agent_run o
           WHERE o.conversation_id = r.conversation_id
@@ -59,7 +215,7 @@ UPDATE {schema}.agent_run a SET
 FROM candidate
 WHERE a.id = candidate.id
 RETURNING a.id, a.claim_token, a.conversation_id, a.user_id, a.tenant_id, a.request,
-    a.user_message_id, a.cancel_requested, a.created_at, a.started_at,
+    a.user_message_id, a.cancel_requested, a.created_at, a.started_at, a.deadline_at, a.priority,
     (SELECT m.content FROM {schema}.message m WHERE m.id = a.user_message_id) AS content,
     (SELECT coalesce(max(e.seq), 0) FROM {schema}.run_event e WHERE e.run_id = a.id) AS last_seq
 
@@ -112,36 +268,68 @@ SELECT fin.id,
 FROM fin
 
 -- name: reap_candidates
--- Runs whose lease lapsed more than the grace ago. Only a hint: reap re-checks.
+-- Runs whose lease lapsed more than the grace ago, or whose deadline passed more than the
+-- grace ago (their worker, alive or not, should have ended them). Only a hint: reap
+-- re-checks.
 SELECT id FROM {schema}.agent_run
 WHERE status = 'running'
-  AND claim_expires_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(grace_seconds)s)
+  AND (claim_expires_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(grace_seconds)s)
+       OR deadline_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(grace_seconds)s))
 ORDER BY claim_expires_at
 LIMIT %(limit)s
 
 -- name: reap
--- Fails (or, when a stop was asked for, cancels) runs whose worker is gone. The expiry
--- is re-checked inside the write, so a heartbeat that landed after the candidates were
--- read wins. The terminal event takes max(seq)+1: the status flip fences the worker out,
--- and the journal's primary key rejects any append that raced it.
+-- Fails (or, when a stop was asked for, cancels) runs whose worker is gone, or that ran
+-- past their deadline without their worker ending them. The conditions are re-checked
+-- inside the write, so a heartbeat that landed after the candidates were read wins. The
+-- terminal event takes max(seq)+1: the status flip fences the worker out, and the
+-- journal's primary key rejects any append that raced it. It says why (reason
+-- worker_lost or deadline_exceeded) and lists the tool calls the journal shows started
+-- (tool_call_started with a tool_call_id) and never finished (no tool_call_finished
+-- with that id): their side effects are uncertain.
 WITH fin AS (
     UPDATE {schema}.agent_run a SET
         status      = CASE WHEN a.cancel_requested THEN 'cancelled' ELSE 'failed' END,
-        error       = CASE WHEN a.cancel_requested THEN NULL ELSE jsonb_build_object(
-                          'type', 'worker_lost',
-                          'message', 'the worker stopped heartbeating; its lease expired') END,
+        error       = CASE
+                          WHEN a.cancel_requested THEN NULL
+                          WHEN a.deadline_at < coalesce(%(now)s::timestamptz, now())
+                                               - make_interval(secs => %(grace_seconds)s)
+                          THEN jsonb_build_object(
+                              'type', 'deadline_exceeded',
+                              'message', 'the run was still running past its deadline')
+                          ELSE jsonb_build_object(
+                              'type', 'worker_lost',
+                              'message', 'the worker stopped heartbeating; its lease expired') END,
         finished_at = now()
     WHERE a.id = ANY(%(ids)s::uuid[])
       AND a.status = 'running'
-      AND a.claim_expires_at < coalesce(%(now)s::timestamptz, now())
-                               - make_interval(secs => %(grace_seconds)s)
-    RETURNING a.id, a.conversation_id, a.status, a.error, a.worker_id
+      AND (a.claim_expires_at < coalesce(%(now)s::timestamptz, now())
+                                - make_interval(secs => %(grace_seconds)s)
+           OR a.deadline_at < coalesce(%(now)s::timestamptz, now())
+                              - make_interval(secs => %(grace_seconds)s))
+    RETURNING a.id, a.conversation_id, a.status, a.error, a.worker_id,
+              a.claim_expires_at < coalesce(%(now)s::timestamptz, now())
+                                   - make_interval(secs => %(grace_seconds)s) AS worker_lost
 ), ev AS (
     INSERT INTO {schema}.run_event (run_id, seq, type, payload)
     SELECT fin.id,
            (SELECT coalesce(max(e.seq), 0) + 1 FROM {schema}.run_event e WHERE e.run_id = fin.id),
            'complete',
-           jsonb_build_object('status', fin.status, 'error', fin.error, 'reason', 'worker_lost')
+           jsonb_build_object(
+               'status', fin.status,
+               'error', fin.error,
+               'reason', CASE WHEN fin.worker_lost THEN 'worker_lost' ELSE 'deadline_exceeded' END,
+               'uncertain_tool_calls', (
+                   SELECT coalesce(jsonb_agg(jsonb_build_object(
+                              'tool_call_id', s.payload -> 'tool_call_id',
+                              'name', s.payload -> 'name') ORDER BY s.seq), '[]'::jsonb)
+                   FROM {schema}.run_event s
+                   WHERE s.run_id = fin.id AND s.type = 'tool_call_started'
+                     AND s.payload ? 'tool_call_id'
+                     AND NOT EXISTS (
+                         SELECT 1 FROM {schema}.run_event f
+                         WHERE f.run_id = fin.id AND f.type = 'tool_call_finished'
+                           AND f.payload -> 'tool_call_id' = s.payload -> 'tool_call_id')))
     FROM fin
 )
 SELECT fin.id, fin.conversation_id, fin.status, fin.worker_id,
@@ -153,13 +341,14 @@ FROM fin
 -- A new run for the same user message, linked to the failed or cancelled one. At most
 -- one retry per run (unique index on retry_of): a second call returns nothing here.
 WITH src AS (
-    SELECT id, conversation_id, user_id, tenant_id, user_message_id, request
+    SELECT id, conversation_id, user_id, tenant_id, user_message_id, request, priority
     FROM {schema}.agent_run
     WHERE id = %(run_id)s AND status IN ('failed', 'cancelled')
 ), run AS (
+    -- The retry keeps the priority; it is due at once and has no deadline.
     INSERT INTO {schema}.agent_run
-        (conversation_id, user_id, tenant_id, user_message_id, request, retry_of)
-    SELECT conversation_id, user_id, tenant_id, user_message_id, request, id FROM src
+        (conversation_id, user_id, tenant_id, user_message_id, request, retry_of, priority)
+    SELECT conversation_id, user_id, tenant_id, user_message_id, request, id, priority FROM src
     ON CONFLICT (retry_of) WHERE retry_of IS NOT NULL DO NOTHING
     RETURNING id, status, conversation_id, user_message_id, created_at
 ), msg AS (
@@ -182,13 +371,13 @@ FROM {schema}.agent_run WHERE retry_of = %(run_id)s
 -- name: get_run
 SELECT id, conversation_id, user_id, tenant_id, status, request, idempotency_key, retry_of,
        worker_id, cancel_requested, error, created_at, started_at, last_heartbeat_at,
-       finished_at, claim_expires_at, user_message_id
+       finished_at, claim_expires_at, user_message_id, priority, not_before, deadline_at
 FROM {schema}.agent_run WHERE id = %(run_id)s
 
 -- name: list_runs
 SELECT id, conversation_id, user_id, tenant_id, status, request, idempotency_key, retry_of,
        worker_id, cancel_requested, error, created_at, started_at, last_heartbeat_at,
-       finished_at, claim_expires_at, user_message_id
+       finished_at, claim_expires_at, user_message_id, priority, not_before, deadline_at
 FROM {schema}.agent_run
 WHERE (%(conversation_id)s::text IS NULL OR conversation_id = %(conversation_id)s)
   AND (%(status)s::text IS NULL OR status = %(status)s)

@@ -9,6 +9,7 @@ import runrow
 EXPECTED = {
     "Agent",
     "ConfigurationError",
+    "ConversationBusy",
     "Database",
     "Dispatcher",
     "Draft",
@@ -19,6 +20,8 @@ EXPECTED = {
     "Message",
     "NotifyHub",
     "Observer",
+    "Overloaded",
+    "QueuePosition",
     "QueueStats",
     "Run",
     "RunContext",
@@ -28,6 +31,7 @@ EXPECTED = {
     "RunrowError",
     "SchemaOutOfDate",
     "StopResult",
+    "TenantPolicy",
     "TrimResult",
     "cancel_run",
     "enqueue",
@@ -35,10 +39,13 @@ EXPECTED = {
     "latest_version",
     "list_runs",
     "migrate",
+    "queue_position",
     "queue_stats",
     "retry_run",
+    "set_tenant_policy",
     "stop_conversation",
     "tail",
+    "tenant_policies",
     "transcript",
     "trim",
 }
@@ -57,5 +64,13 @@ def test_every_public_name_exists_and_is_documented() -> None:
 
 
 def test_errors_share_one_base() -> None:
-    for name in ("ConfigurationError", "InvalidInput", "LeaseLost", "RunNotFound", "SchemaOutOfDate"):
+    for name in (
+        "ConfigurationError",
+        "ConversationBusy",
+        "InvalidInput",
+        "LeaseLost",
+        "Overloaded",
+        "RunNotFound",
+        "SchemaOutOfDate",
+    ):
         assert issubclass(getattr(runrow, name), runrow.RunrowError)

@@ -5,13 +5,15 @@ from __future__ import annotations
 import contextlib
 
 from ._db import Database
-from ._models import Draft, Message, Run, RunInfo, RunStatus, StopResult
+from ._models import Draft, Message, QueuePosition, Run, RunInfo, RunStatus, StopResult, TenantPolicy
 from .dispatcher import Dispatcher, DrainReport
 from .enqueue import enqueue, retry_run
 from .errors import (
     ConfigurationError,
+    ConversationBusy,
     InvalidInput,
     LeaseLost,
+    Overloaded,
     RunNotFound,
     RunrowError,
     SchemaOutOfDate,
@@ -24,10 +26,12 @@ from .queries import QueueStats, get_run, list_runs, queue_stats, transcript
 from .retention import TrimResult, trim
 from .run import Agent, RunContext
 from .stop import cancel_run, stop_conversation
+from .tenants import queue_position, set_tenant_policy, tenant_policies
 
 __all__ = [
     "Agent",
     "ConfigurationError",
+    "ConversationBusy",
     "Database",
     "Dispatcher",
     "Draft",
@@ -38,6 +42,8 @@ __all__ = [
     "Message",
     "NotifyHub",
     "Observer",
+    "Overloaded",
+    "QueuePosition",
     "QueueStats",
     "Run",
     "RunContext",
@@ -47,6 +53,7 @@ __all__ = [
     "RunrowError",
     "SchemaOutOfDate",
     "StopResult",
+    "TenantPolicy",
     "TrimResult",
     "cancel_run",
     "enqueue",
@@ -54,10 +61,13 @@ __all__ = [
     "latest_version",
     "list_runs",
     "migrate",
+    "queue_position",
     "queue_stats",
     "retry_run",
+    "set_tenant_policy",
     "stop_conversation",
     "tail",
+    "tenant_policies",
     "transcript",
     "trim",
 ]

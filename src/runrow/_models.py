@@ -24,6 +24,9 @@ class Run:
     user_message_id: uuid.UUID
     created_at: datetime
     created: bool = True
+    interrupted: StopResult | None = None
+    """With ``on_busy="interrupt"``: what the interrupt stopped (queued turns cancelled,
+    their drafts, the running turn asked to stop); None otherwise."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +50,9 @@ class RunInfo:
     finished_at: datetime | None
     claim_expires_at: datetime | None
     user_message_id: uuid.UUID
+    priority: int = 0
+    not_before: datetime | None = None
+    deadline_at: datetime | None = None
 
     @property
     def terminal(self) -> bool:
@@ -88,3 +94,33 @@ class StopResult:
     @property
     def noop(self) -> bool:
         return not self.cancelled and not self.cancel_requested
+
+
+@dataclass(frozen=True, slots=True)
+class TenantPolicy:
+    """A tenant's share of the fair claim. ``tenant_id`` None is the default tenant (runs
+    enqueued without a tenant). ``weight`` (1 by default) scales its share of running
+    runs; ``max_running`` caps its running runs (None: no cap)."""
+
+    tenant_id: str | None
+    weight: int = 1
+    max_running: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QueuePosition:
+    """Where a run stands (see :func:`runrow.queue_position`).
+
+    For a queued run, ``position`` is 1-based under the fair claim order (1: the next
+    claim takes it, if a slot and its conversation allow), ``rank_in_tenant`` its place
+    among its own tenant's queued runs, and ``estimated_wait_seconds`` the position
+    divided by recent throughput (None when nothing finished recently), at least the
+    time until its ``not_before``. For any other status all three are None.
+    """
+
+    run_id: uuid.UUID
+    status: RunStatus
+    position: int | None
+    rank_in_tenant: int | None
+    estimated_wait_seconds: float | None
+    throughput_per_minute: float

@@ -161,6 +161,23 @@ async def cmd_runs(args: argparse.Namespace) -> int:
             else f"cancelled {len(result.cancelled)} queued, asked {len(result.cancel_requested)} running to stop"
         )
         _out(args, result, text)
+    elif args.runs_command == "position":
+        from .tenants import queue_position
+
+        pos = await queue_position(url, args.run_id, schema=args.schema)
+        if pos.position is None:
+            text = f"run {pos.run_id} is {pos.status}, not queued"
+        else:
+            wait = (
+                "unknown (nothing finished in the last 5 minutes)"
+                if pos.estimated_wait_seconds is None
+                else f"about {pos.estimated_wait_seconds:.0f}s"
+            )
+            text = (
+                f"#{pos.position} in the queue (#{pos.rank_in_tenant} in its tenant); "
+                f"estimated wait {wait} at {pos.throughput_per_minute:.1f} runs/min"
+            )
+        _out(args, pos, text)
     elif args.runs_command == "retry":
         retried = await retry_run(url, args.run_id, schema=args.schema)
         _out(
@@ -264,6 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("show", "one run's row"),
         ("cancel", "stop one run"),
         ("retry", "a new run for a failed or cancelled run's message"),
+        ("position", "a queued run's place in the fair queue and its estimated wait"),
     ):
         rsub.add_parser(name, parents=[common], help=helptext).add_argument("run_id")
     rt = rsub.add_parser("tail", parents=[common], help="follow a run's events until it ends")

@@ -46,11 +46,13 @@ if TYPE_CHECKING:
 
     from .observe import Observer
 
-__all__ = ["Dispatcher", "DrainReport"]
+__all__ = ["ClaimOrder", "Dispatcher", "DrainReport"]
 
 log = logging.getLogger("runrow.dispatcher")
 
-_Reason = Literal["cancel", "drain", "lost"]
+_Reason = Literal["cancel", "drain", "lost", "deadline"]
+ClaimOrder = Literal["fair", "fifo"]
+DEADLINE_ERROR = {"type": "deadline_exceeded", "message": "the run was still running past its deadline"}
 # (run_id, token, status, error_json, answer_text, rows)
 _FinalItem = tuple[uuid.UUID, uuid.UUID, str, str | None, str | None, list[tuple[int, str, str]]]
 
@@ -120,6 +122,15 @@ class Dispatcher:
     Behind a transaction-pooling pgbouncer: pass ``prepared_statements=False`` (or a pool
     built with ``prepare_threshold=None``) and ``listen_conninfo``, a direct connection to
     PostgreSQL for the hub's LISTEN (a pooled session cannot hold a LISTEN).
+
+    ``claim_order="fair"`` (default) claims fairly across tenants (see the ``claim``
+    statement in ``sql/runs.sql``: fewest running runs relative to the tenant's weight,
+    then priority, then age; per-tenant caps; ``not_before``); ``"fifo"`` claims in
+    global enqueue order, ignoring tenants and priorities (``not_before`` still holds).
+
+    A run with a deadline (``enqueue(deadline=...)``) is cancelled when it passes it,
+    measured from the claim on the database's clock, and ends ``failed`` with error type
+    ``deadline_exceeded``; a run claimed already past its deadline ends so at once.
     """
 
     def __init__(
@@ -144,8 +155,11 @@ class Dispatcher:
         observers: Sequence[Observer] = (),
         prepared_statements: bool = True,
         listen_conninfo: str | None = None,
+        claim_order: ClaimOrder = "fair",
     ) -> None:
         check_schema(schema)
+        if claim_order not in ("fair", "fifo"):
+            raise ConfigurationError(f"claim_order must be 'fair' or 'fifo', got {claim_order!r}")
         if not callable(agent):
             raise InvalidInput("agent", "must be an async callable taking a RunContext")
         if not isinstance(concurrency, int) or concurrency < 1:
@@ -171,6 +185,7 @@ class Dispatcher:
         self.journal_notify = journal_notify
         self.prepared_statements = prepared_statements
         self.listen_conninfo = listen_conninfo
+        self.claim_order = claim_order
         self.observers = list(observers)
         self.schema = schema
         self.concurrency = concurrency
@@ -209,7 +224,9 @@ class Dispatcher:
         self._appender: GroupCommit[AppendItem, bool] = GroupCommit(self._append_batch)
         self._finalizer: GroupCommit[_FinalItem, bool] = GroupCommit(self._finalize_batch)
         self._queries = {
-            "claim": _sql.statement("claim", schema),
+            "claim": _sql.statement("claim", schema)
+            if claim_order == "fair"
+            else _sql.statement("claim_fifo", schema),
             "heartbeat": _sql.statement("heartbeat", schema),
             "cancel_flag": _sql.statement("cancel_flag", schema),
             "finalize": _sql.statement("finalize", schema),
@@ -436,8 +453,10 @@ class Dispatcher:
                 assert self._tg is not None
                 for row in rows:
                     self._tg.start_soon(self._execute, row)
-                if len(rows) < want:
-                    # Nothing more to claim now: park until a wake-up or the poll tick.
+                if len(rows) < want and not rows:
+                    # Nothing to claim now: park until a wake-up or the poll tick. (A claim
+                    # that came back short but not empty is followed by another at once:
+                    # a fair batch can be short while runs remain, e.g. after a lock race.)
                     await self._waker.wait(self.poll)
 
     async def _claim(self, limit: int) -> list[dict[str, Any]]:
@@ -506,14 +525,26 @@ class Dispatcher:
             journal.on_flush = lambda n: self._flushed(ctx, n, started)
         status: str | None = None
         error: dict[str, Any] | None = None
+        # The deadline, measured on the database's clock: both times come from the claim.
+        remaining = (
+            None
+            if row.get("deadline_at") is None
+            else (row["deadline_at"] - row["started_at"]).total_seconds()
+        )
         async with anyio.create_task_group() as run_tg:
             run_tg.start_soon(journal.run_flusher)
+            if remaining is not None:
+                if remaining <= 0:
+                    self._cancel(active, "deadline")  # claimed too late: never call the agent
+                else:
+                    run_tg.start_soon(self._deadline_watch, active, remaining)
             with active.scope, contextlib.ExitStack() as scopes:
                 for obs in self.observers:
                     scopes.enter_context(obs.run_scope(ctx))
                 try:
-                    await self.agent(ctx)
-                    status = "completed"
+                    if active.reason is None:  # not already past its deadline
+                        await self.agent(ctx)
+                        status = "completed"
                 except LeaseLost:
                     self._lost(run_id)
                 except Exception as exc:
@@ -526,6 +557,8 @@ class Dispatcher:
             elif active.reason == "drain":
                 status = "failed"
                 error = {"type": "worker_shutdown", "message": "the worker shut down before the run finished"}
+            elif active.reason == "deadline":
+                status, error = "failed", dict(DEADLINE_ERROR)
         if active.reason == "lost" or status is None:
             self.stats["lost"] += 1
             log.warning("run %s: claim lost, standing down without writing", run_id, extra=extra)
@@ -545,6 +578,12 @@ class Dispatcher:
                 status,
                 extra=extra,
             )
+
+    async def _deadline_watch(self, active: _Active, seconds: float) -> None:
+        await anyio.sleep(seconds)
+        if not active.finishing:
+            log.info("run %s passed its deadline; cancelling it", active.id, extra={"run_id": str(active.id)})
+            self._cancel(active, "deadline")
 
     def _flushed(self, ctx: RunContext, rows: int, started: float) -> None:
         journal = ctx._journal
@@ -567,6 +606,8 @@ class Dispatcher:
             terminal["error"] = error
         if active.reason == "cancel":
             terminal["reason"] = "stopped"
+        elif active.reason == "deadline" and status == "failed":
+            terminal["reason"] = "deadline_exceeded"
         item: _FinalItem = (
             active.id,
             active.token,

@@ -2,19 +2,31 @@
 
 from __future__ import annotations
 
+import math
 import uuid
-from typing import Any
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from . import _json, _sql
 from ._db import Database, atomic, schema_guard, statement_conn
-from ._models import Run
+from ._models import Run, StopResult
 from ._names import DEFAULT_SCHEMA, Channels, check_schema
-from .errors import InvalidInput, RunNotFound, RunrowError
+from .errors import ConversationBusy, InvalidInput, Overloaded, RunNotFound, RunrowError
 
-__all__ = ["DEFAULT_MAX_CONTENT_BYTES", "enqueue", "retry_run"]
+if TYPE_CHECKING:
+    from psycopg import AsyncConnection
+
+__all__ = ["DEFAULT_MAX_CONTENT_BYTES", "OnBusy", "enqueue", "retry_run"]
 
 DEFAULT_MAX_CONTENT_BYTES = 256 * 1024
 """Default size limit of a message's content, as serialised JSON."""
+
+
+OnBusy = Literal["enqueue", "reject", "interrupt"]
+"""What :func:`enqueue` does when the conversation already has a queued or running turn."""
+
+THROUGHPUT_WINDOW_SECONDS = 300.0
+"""Recent throughput is measured over the last five minutes of finished runs."""
 
 
 async def enqueue(
@@ -26,6 +38,12 @@ async def enqueue(
     tenant_id: str | None = None,
     idempotency_key: str | None = None,
     request: Any = None,
+    priority: int = 0,
+    not_before: datetime | timedelta | None = None,
+    deadline: datetime | timedelta | None = None,
+    on_busy: OnBusy = "enqueue",
+    max_queued_per_tenant: int | None = None,
+    max_queued_per_conversation: int | None = None,
     schema: str = DEFAULT_SCHEMA,
     max_content_bytes: int = DEFAULT_MAX_CONTENT_BYTES,
 ) -> Run:
@@ -37,6 +55,31 @@ async def enqueue(
     one. With ``idempotency_key``, a repeat by the same user returns the first run
     (``created=False``) and writes nothing, also under concurrent repeats.
 
+    Scheduling (#10): ``tenant_id`` is the fairness unit of the claim (None: the
+    default tenant). ``priority`` orders runs within their tenant's fair share (higher
+    first). ``not_before`` delays the run: a ``timedelta`` counts from the database's
+    clock at enqueue, a ``datetime`` (timezone-aware) is absolute. ``deadline`` (same
+    forms) is the time by which the run must have ended: one still running then is
+    cancelled and ends ``failed`` with error type ``deadline_exceeded``; one claimed
+    after it ends so without the agent being called.
+
+    Double-texting: with an active (queued or running) turn in the conversation,
+    ``on_busy="enqueue"`` (default) queues the new turn after it, ``"reject"`` raises
+    :class:`ConversationBusy` and writes nothing, ``"interrupt"`` stops the conversation
+    (queued turns cancelled, their messages handed back as drafts in
+    ``Run.interrupted``, the running turn asked to stop) and queues the new turn, in
+    one transaction; the new turn starts once the running one has ended.
+
+    Load shedding: ``max_queued_per_tenant`` / ``max_queued_per_conversation`` refuse
+    the enqueue with :class:`Overloaded` (nothing written, ``retry_after`` hint) when the
+    tenant / conversation already has that many queued runs. A repeat of an accepted
+    idempotency key returns its run instead. Gated enqueues (a limit, ``"reject"`` or
+    ``"interrupt"``) take transaction-scoped advisory locks on the tenant (with a tenant
+    limit) and on the conversation, in that order, before a statement that counts and
+    inserts: among enqueues that pass the same limit, the limit holds exactly under READ
+    COMMITTED, also when they race. Inside a caller's transaction the locks are held
+    until it ends. An enqueue that passes no limit is not counted against one.
+
     Raises :class:`InvalidInput` (nothing written) for empty or non-text ids, content
     or request that is not JSON, contains NUL characters, or exceeds the size limit.
     """
@@ -45,6 +88,18 @@ async def enqueue(
     _json.check_id(user_id, "user_id")
     _json.check_id(tenant_id, "tenant_id", optional=True)
     _json.check_id(idempotency_key, "idempotency_key", optional=True)
+    if isinstance(priority, bool) or not isinstance(priority, int) or not -(2**31) <= priority < 2**31:
+        raise InvalidInput("priority", "must be an integer that fits in 32 bits")
+    if on_busy not in ("enqueue", "reject", "interrupt"):
+        raise InvalidInput("on_busy", "must be 'enqueue', 'reject' or 'interrupt'")
+    for name, limit in (
+        ("max_queued_per_tenant", max_queued_per_tenant),
+        ("max_queued_per_conversation", max_queued_per_conversation),
+    ):
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+            raise InvalidInput(name, "must be a non-negative integer or None")
+    not_before_at, not_before_in = _when(not_before, "not_before")
+    deadline_at, deadline_in = _when(deadline, "deadline")
     params = {
         "conversation_id": conversation_id,
         "user_id": user_id,
@@ -52,16 +107,44 @@ async def enqueue(
         "idempotency_key": idempotency_key,
         "content": _json.dumps(content, "content", max_content_bytes),
         "request": None if request is None else _json.dumps(request, "request", max_content_bytes),
+        "priority": priority,
+        "not_before_at": not_before_at,
+        "not_before_in": not_before_in,
+        "deadline_at": deadline_at,
+        "deadline_in": deadline_in,
+        "max_queued_tenant": max_queued_per_tenant,
+        "max_queued_conversation": max_queued_per_conversation,
+        "reject_if_busy": on_busy == "reject",
         "wake_channel": Channels.for_schema(schema).wake,
     }
-    query = _sql.statement("enqueue", schema)
-    # One self-contained statement: on an autocommit connection it is one round trip;
-    # inside the caller's transaction it joins it; otherwise it gets its own.
-    async with schema_guard(db, schema), statement_conn(db) as conn:
-        cur = await conn.execute(query, params)
+    gated = (
+        on_busy != "enqueue" or max_queued_per_tenant is not None or max_queued_per_conversation is not None
+    )
+    interrupted: StopResult | None = None
+    # Ungated, the enqueue is one self-contained statement: one round trip on an autocommit
+    # connection, joined to the caller's transaction if there is one. Gated enqueues take
+    # their admission lock first, in the same transaction as the statement.
+    async with schema_guard(db, schema), atomic(db) if gated else statement_conn(db) as conn:
+        if gated:
+            await conn.execute(
+                _sql.statement("admission_lock", schema),
+                {
+                    "tenant_lock": None
+                    if max_queued_per_tenant is None
+                    else f"runrow.enqueue:{schema}:tenant:{tenant_id or ''}",
+                    "conversation_lock": f"runrow.enqueue:{schema}:conversation:{conversation_id}",
+                },
+            )
+        if on_busy == "interrupt":
+            interrupted = await _interrupt(conn, schema, conversation_id, idempotency_key, user_id)
+        cur = await conn.execute(_sql.statement("enqueue", schema), params)
         row = await cur.fetchone()
-    if row is not None:
-        return Run(row[0], row[1], row[2], row[3], row[4], created=True)
+        assert row is not None  # the gate always yields one row
+        if row[0] is not None:
+            return Run(row[0], row[1], row[2], row[3], row[4], created=True, interrupted=interrupted)
+        refused = not row[6]
+        if refused and idempotency_key is None:
+            await _refuse(conn, schema, row, params)
     # The key exists: the first run won. Read it (this statement sees its commit).
     async with statement_conn(db) as conn:
         cur = await conn.execute(
@@ -69,9 +152,70 @@ async def enqueue(
             {"user_id": user_id, "idempotency_key": idempotency_key},
         )
         found = await cur.fetchone()
+        if found is None and refused:
+            await _refuse(conn, schema, row, params)
     if found is None:  # pragma: no cover - the conflict guarantees a committed row
         raise RunrowError("idempotent enqueue conflicted but the first run is not visible")
     return Run(found[0], found[1], found[2], found[3], found[4], created=False)
+
+
+def _when(value: datetime | timedelta | None, field: str) -> tuple[datetime | None, float | None]:
+    """An absolute time, or seconds from the database's clock, as the SQL takes them."""
+    if value is None:
+        return None, None
+    if isinstance(value, timedelta):
+        return None, value.total_seconds()
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise InvalidInput(field, "a datetime must be timezone-aware (or pass a timedelta)")
+        return value, None
+    raise InvalidInput(field, "must be a datetime, a timedelta or None")
+
+
+async def _interrupt(
+    conn: AsyncConnection, schema: str, conversation_id: str, idempotency_key: str | None, user_id: str
+) -> StopResult | None:
+    """Stops the conversation's active turns inside the enqueue's transaction."""
+    from .stop import stop_locked
+
+    if idempotency_key is not None:
+        cur = await conn.execute(
+            _sql.statement("find_idempotent", schema),
+            {"user_id": user_id, "idempotency_key": idempotency_key},
+        )
+        if await cur.fetchone() is not None:
+            return None  # a repeat of an accepted interrupt: it already stopped what it stopped
+    return await stop_locked(conn, schema, conversation_id)
+
+
+async def _refuse(conn: AsyncConnection, schema: str, row: Any, params: dict[str, Any]) -> NoReturn:
+    """Raises the typed refusal for a gated enqueue that wrote nothing."""
+    busy, tenant_queued, conversation_queued = row[7], row[8], row[9]
+    if busy:
+        raise ConversationBusy(params["conversation_id"])
+    cur = await conn.execute(
+        _sql.statement("throughput", schema),
+        {"tenant_id": params["tenant_id"], "window_seconds": THROUGHPUT_WINDOW_SECONDS, "now": None},
+    )
+    stats = await cur.fetchone()
+    assert stats is not None
+    finished, tenant_finished, avg_run = int(stats[0]), int(stats[1]), stats[2]
+    tenant_limit, conversation_limit = params["max_queued_tenant"], params["max_queued_conversation"]
+    if tenant_limit is not None and tenant_queued is not None and tenant_queued >= tenant_limit:
+        # One of the tenant's runs must start: about one tenant completion interval.
+        done = tenant_finished or finished
+        hint = THROUGHPUT_WINDOW_SECONDS / done if done else avg_run
+        raise Overloaded("tenant", params["tenant_id"], tenant_limit, _seconds(hint))
+    assert conversation_limit is not None and conversation_queued is not None
+    # The conversation's turns run one at a time: about one run's duration.
+    raise Overloaded("conversation", params["conversation_id"], conversation_limit, _seconds(avg_run))
+
+
+def _seconds(hint: float | None) -> int:
+    """A retry-after hint in whole seconds, 1..3600; 30 when there is no recent history."""
+    if hint is None:
+        return 30
+    return max(1, min(3600, math.ceil(hint)))
 
 
 async def retry_run(db: Database, run_id: uuid.UUID | str, *, schema: str = DEFAULT_SCHEMA) -> Run:

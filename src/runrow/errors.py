@@ -4,8 +4,10 @@ from __future__ import annotations
 
 __all__ = [
     "ConfigurationError",
+    "ConversationBusy",
     "InvalidInput",
     "LeaseLost",
+    "Overloaded",
     "RunNotFound",
     "RunrowError",
     "SchemaOutOfDate",
@@ -76,3 +78,32 @@ class LeaseLost(RunrowError):
     def __init__(self, run_id: object) -> None:
         super().__init__(f"lost the claim on run {run_id!s}; standing down")
         self.run_id = run_id
+
+
+class Overloaded(RunrowError):
+    """An enqueue was shed: the tenant or the conversation already has as many queued
+    runs as the limit passed to :func:`runrow.enqueue` allows. Nothing was written.
+
+    ``scope`` is ``"tenant"`` or ``"conversation"``, ``limit`` the limit that was hit and
+    ``retry_after`` a hint in whole seconds (at least 1) from recent throughput, fit for
+    an HTTP ``Retry-After`` header with a 429.
+    """
+
+    def __init__(self, scope: str, key: str | None, limit: int, retry_after: int) -> None:
+        what = "the default tenant" if scope == "tenant" and key is None else f"{scope} {key!r}"
+        super().__init__(
+            f"{what} already has {limit} queued run(s), its limit; retry in about {retry_after}s"
+        )
+        self.scope = scope
+        self.key = key
+        self.limit = limit
+        self.retry_after = retry_after
+
+
+class ConversationBusy(RunrowError):
+    """``enqueue(..., on_busy="reject")`` found a queued or running turn in the
+    conversation. Nothing was written."""
+
+    def __init__(self, conversation_id: str) -> None:
+        super().__init__(f"conversation {conversation_id!r} already has an active turn")
+        self.conversation_id = conversation_id

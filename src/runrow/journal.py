@@ -6,10 +6,23 @@ Event vocabulary (``type`` plus payload keys):
 * ``run_queued`` ``{"run_id"}`` (``retry_of`` for a retry) — seq 2, written by enqueue.
 * ``content_delta`` ``{"delta": str, "stream"?: str}`` — streamed text. Consecutive
   deltas with the same other keys are merged in memory and flushed on a clock.
-* anything else the agent emits (``tool_call_started``, ``tool_call_finished``,
-  ``message_done``, ...) is structural: it flushes pending text and is written at once.
-* ``complete`` ``{"status", "error"?, "reason"?}`` — the one terminal event, always last.
-  Only runrow writes it (the worker's finalize, the reaper or a stop).
+* ``tool_call_started`` ``{"tool_call_id": str|int, "name": str, ...}`` and
+  ``tool_call_finished`` ``{"tool_call_id", "name"?, "ok"?, ...}`` — emitted by the agent
+  around each tool call (any further keys are the agent's). runrow reads only
+  ``tool_call_id`` (matching is by equal JSON value) and ``name``: a run that ends
+  without its worker lists every started id with no matching finished one as
+  uncertain. Emit ``tool_call_started`` before the side effect and
+  ``tool_call_finished`` after it, so the list is honest.
+* anything else the agent emits (``message_done``, ...) is structural too: it flushes
+  pending text and is written at once.
+* ``complete`` ``{"status", "error"?, "reason"?, "uncertain_tool_calls"?}`` — the one
+  terminal event, always last. Only runrow writes it (the worker's finalize, the reaper
+  or a stop). ``reason``: ``stopped`` (a stop or interrupt ended it while running),
+  ``stopped_before_start`` (cancelled while queued), ``deadline_exceeded`` (its worker
+  ended it at its deadline, or the reaper did, its worker alive or not), ``worker_lost``
+  (the reaper ended it after its lease lapsed). A reaper-written event always carries
+  ``uncertain_tool_calls``: ``[{"tool_call_id", "name"}, ...]`` in start order, the tool
+  calls whose side effects may or may not have happened (``[]`` when none).
 
 Seq is gap-free from 1: enqueue writes 1-2, the claim holder the rest, and a finaliser
 that is not the worker (reaper, stop) takes max+1 only after the status change has

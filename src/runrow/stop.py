@@ -32,11 +32,19 @@ async def stop_conversation(
     check_schema(schema)
     _json.check_id(conversation_id, "conversation_id")
     async with schema_guard(db, schema), atomic(db) as conn:
-        cur = await conn.execute(
-            _sql.statement("lock_conversation_runs", schema), {"conversation_id": conversation_id}
-        )
-        runs = await cur.fetchall()
-        return await _stop(conn, schema, [(r[0], r[1]) for r in runs])
+        return await stop_locked(conn, schema, conversation_id)
+
+
+async def stop_locked(conn: object, schema: str, conversation_id: str) -> StopResult:
+    """The stop sweep on a connection already inside a transaction (stop, interrupt)."""
+    from psycopg import AsyncConnection
+
+    assert isinstance(conn, AsyncConnection)
+    cur = await conn.execute(
+        _sql.statement("lock_conversation_runs", schema), {"conversation_id": conversation_id}
+    )
+    runs = await cur.fetchall()
+    return await _stop(conn, schema, [(r[0], r[1]) for r in runs])
 
 
 async def cancel_run(db: Database, run_id: uuid.UUID | str, *, schema: str = DEFAULT_SCHEMA) -> StopResult:

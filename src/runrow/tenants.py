@@ -1,0 +1,124 @@
+"""Tenants and the fair queue: weights, concurrency caps, and where a queued run stands.
+
+The claim order (``sql/runs.sql``, statement ``claim``), exactly:
+
+1. Eligible runs: ``queued``; due (``not_before`` is NULL or not after the database's
+   ``now()``); the oldest queued turn of their conversation, with no turn of it
+   running; and their tenant below its ``max_running`` cap.
+2. Within a tenant, eligible runs are ranked k = 1, 2, ... by ``priority`` (higher
+   first), then enqueue order.
+3. Across tenants, runs are taken by the tenant's share after taking the run,
+   ``(running + k - 1) / weight``, lowest first; ties by ``priority`` (higher first),
+   then enqueue order (older first). ``running`` is the tenant's running runs in the
+   claim's snapshot.
+
+So a tenant with nothing running always goes before one with runs in flight, and a
+batch claim interleaves tenants by weight. Runs without a tenant share the default
+tenant (``tenant_id=None``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from . import _json, _sql
+from ._db import Database, atomic, schema_guard, statement_conn
+from ._models import QueuePosition, TenantPolicy
+from ._names import DEFAULT_SCHEMA, check_schema
+from .enqueue import THROUGHPUT_WINDOW_SECONDS, parse_run_id
+from .errors import InvalidInput, RunNotFound
+
+if TYPE_CHECKING:
+    import uuid
+    from datetime import datetime
+
+__all__ = ["queue_position", "set_tenant_policy", "tenant_policies"]
+
+
+async def set_tenant_policy(
+    db: Database,
+    tenant_id: str | None,
+    *,
+    weight: int = 1,
+    max_running: int | None = None,
+    schema: str = DEFAULT_SCHEMA,
+) -> TenantPolicy:
+    """Sets a tenant's weight (an integer, 1 by default) and optional cap on running runs.
+
+    ``tenant_id=None`` is the default tenant. The next claim uses the new values. The
+    cap is enforced by each claim against its own snapshot: concurrent claims by
+    several dispatchers can overshoot it by what they take at the same moment, never
+    for longer than those runs last.
+    """
+    check_schema(schema)
+    _json.check_id(tenant_id, "tenant_id", optional=True)
+    if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= 1_000_000:
+        raise InvalidInput("weight", "must be an integer between 1 and 1000000")
+    if max_running is not None and (
+        isinstance(max_running, bool) or not isinstance(max_running, int) or max_running < 1
+    ):
+        raise InvalidInput("max_running", "must be a positive integer or None")
+    async with schema_guard(db, schema), atomic(db) as conn:
+        cur = await conn.execute(
+            _sql.statement("set_tenant_policy", schema),
+            {"tenant_id": tenant_id, "weight": weight, "max_running": max_running},
+        )
+        row = await cur.fetchone()
+    assert row is not None
+    return TenantPolicy(row[0], row[1], row[2])
+
+
+async def tenant_policies(db: Database, *, schema: str = DEFAULT_SCHEMA) -> list[TenantPolicy]:
+    """Every tenant policy set; tenants without one have weight 1 and no cap."""
+    check_schema(schema)
+    async with schema_guard(db, schema), statement_conn(db) as conn:
+        cur = await conn.execute(_sql.statement("list_tenant_policies", schema))
+        return [TenantPolicy(r[0], r[1], r[2]) for r in await cur.fetchall()]
+
+
+async def queue_position(
+    db: Database,
+    run_id: uuid.UUID | str,
+    *,
+    now: datetime | None = None,
+    schema: str = DEFAULT_SCHEMA,
+) -> QueuePosition:
+    """Where a run stands in the fair queue, and about how long until it starts.
+
+    ``position`` is 1-based: 1 plus the queued runs the fair claim order takes first,
+    computed from one snapshot (see the ``queue_position`` statement in
+    ``sql/tenants.sql``). It is an approximation in two ways, both stated: it does not
+    model conversation order (a queued turn also waits for its conversation's running
+    turn) nor the delays and caps of the runs ahead of it. ``estimated_wait_seconds``
+    is position / throughput, where throughput is the runs finished in the last five
+    minutes; it is None when none did, and never less than the time until the run's
+    ``not_before``. Raises :class:`RunNotFound` for an unknown id.
+    """
+    check_schema(schema)
+    rid = parse_run_id(run_id)
+    async with schema_guard(db, schema), statement_conn(db) as conn:
+        cur = await conn.execute(_sql.statement("queue_position", schema), {"run_id": rid, "now": now})
+        row = await cur.fetchone()
+        if row is None:
+            raise RunNotFound(rid)
+        cur = await conn.execute(
+            _sql.statement("throughput", schema),
+            {"tenant_id": None, "window_seconds": THROUGHPUT_WINDOW_SECONDS, "now": now},
+        )
+        stats = await cur.fetchone()
+    assert stats is not None
+    status, rank, position, due_in = row
+    per_second = int(stats[0]) / THROUGHPUT_WINDOW_SECONDS
+    wait: float | None = None
+    if position is not None and per_second > 0:
+        wait = int(position) / per_second
+    if position is not None and due_in is not None and due_in > 0:
+        wait = max(wait or 0.0, float(due_in))
+    return QueuePosition(
+        run_id=rid,
+        status=status,
+        position=None if position is None else int(position),
+        rank_in_tenant=None if rank is None else int(rank),
+        estimated_wait_seconds=wait,
+        throughput_per_minute=per_second * 60,
+    )
