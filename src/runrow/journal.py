@@ -179,10 +179,20 @@ class JournalWriter:
             rows.append((self.next_seq + i, etype, _json.dumps(payload, "event")))
         return rows
 
-    async def flush(self, extra: tuple[str, dict[str, Any]] | None = None) -> None:
-        """Writes pending text (and ``extra``) as one fenced batch."""
+    async def flush(self, extra: tuple[str, dict[str, Any]] | None = None, *, due_only: bool = False) -> None:
+        """Writes pending text (and ``extra``) as one fenced batch.
+
+        ``due_only`` (the flush clock) writes only text that has waited a full interval:
+        if another flush took the text the clock woke for while this one waited for the
+        lock, the text that arrived since waits for its own tick instead of becoming a
+        tiny extra row.
+        """
         async with self._lock:
             self._check()
+            if due_only and (
+                self._pending is None or anyio.current_time() < self._pending_since + self._interval
+            ):
+                return
             events = self._take_pending() + ([extra] if extra else [])
             if not events:
                 return
@@ -216,7 +226,7 @@ class JournalWriter:
             await anyio.sleep_until(self._pending_since + self._interval)
             if self._pending is not None and self.broken is None:
                 try:
-                    await self.flush()
+                    await self.flush(due_only=True)
                 except LeaseLost:
                     return
                 except Exception as exc:
