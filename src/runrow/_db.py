@@ -69,6 +69,12 @@ async def statement_conn(db: Database) -> AsyncIterator[AsyncConnection]:
             else:
                 async with conn.transaction():
                     yield conn
+    elif (
+        isinstance(db, AsyncConnection)
+        and db.autocommit
+        and db.info.transaction_status == TransactionStatus.IDLE
+    ):
+        yield db
     else:
         async with atomic(db) as conn:
             yield conn

@@ -58,7 +58,9 @@ async def enqueue(
     }
     query = _sql.statement("enqueue", schema)
     try:
-        async with atomic(db) as conn:
+        # One self-contained statement: on an autocommit connection it is one round
+        # trip; inside the caller's transaction it joins it; otherwise it gets its own.
+        async with statement_conn(db) as conn:
             cur = await conn.execute(query, params)
             row = await cur.fetchone()
     except MISSING_SCHEMA:
