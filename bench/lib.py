@@ -64,9 +64,9 @@ PROFILES = {
         reps=2,
         runs=600,
         peer_jobs=600,
-        enqueue_runs=400,
+        enqueue_runs=200,
         latency_samples=40,
-        cancel_samples=12,
+        cancel_samples=8,
         journal_deltas=2_500,
         journal_seconds=2.5,
         stream_runs=200,
@@ -224,7 +224,9 @@ class Bench:
             async with await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True) as conn:
                 await conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(name)))
 
-    async def enqueue_many(self, schema: str, n: int, *, connections: int = 8, prefix: str = "c") -> list[Any]:
+    async def enqueue_many(
+        self, schema: str, n: int, *, connections: int = 8, prefix: str = "c", content: Any = "hi"
+    ) -> list[Any]:
         """Enqueues ``n`` runs, one conversation each, through runrow's public API."""
         ids: list[Any] = []
         conns = [
@@ -235,7 +237,7 @@ class Bench:
             async def worker(k: int) -> None:
                 for i in range(k, n, connections):
                     r = await runrow.enqueue(
-                        conns[k], conversation_id=f"{prefix}{i}", user_id="u", content="hi", schema=schema
+                        conns[k], conversation_id=f"{prefix}{i}", user_id="u", content=content, schema=schema
                     )
                     ids.append(r.id)
 

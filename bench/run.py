@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import psycopg
-
 from lib import BENCH_DIR, PROFILES, Bench, Row
-from runrow.embedded import EmbeddedPostgres
 from scenarios import fanout, journal, latency, memory, peers, scale, throughput
+
+from runrow.embedded import EmbeddedPostgres
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable

@@ -7,10 +7,10 @@ from typing import Any
 
 import anyio
 import psycopg
+from lib import Bench, Row, child, latency_rows, pct, ratio, summary
 from psycopg import sql
 
 import runrow
-from lib import Bench, Row, child, latency_rows, pct, ratio, summary
 
 
 async def _count_rows(conninfo: str, schema: str, run_ids: list[Any], etype: str | None = None) -> int:
@@ -124,6 +124,8 @@ async def streaming(b: Bench, notify: bool) -> dict[str, float]:
         "rows_per_s": (after - before) / elapsed,
         "p50": pct(commit, 50) if commit else float("nan"),
         "p99": pct(commit, 99) if commit else float("nan"),
+        "idle_rss_mb": res["idle_rss_kb"] / 1024,
+        "peak_rss_mb": res["peak_rss_kb"] / 1024,
     }
 
 

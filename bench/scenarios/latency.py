@@ -12,9 +12,9 @@ from typing import Any
 
 import anyio
 import psycopg
+from lib import Bench, Child, Row, child, latency_rows
 
 import runrow
-from lib import Bench, Child, Row, channels, child, latency_rows
 
 
 async def _wake_sample(b: Bench, conn: psycopg.AsyncConnection, kid: Child, schema: str, i: int) -> float:

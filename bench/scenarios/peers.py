@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import psycopg
-
 from lib import Bench, Row, ratio, summary
 
 if TYPE_CHECKING:

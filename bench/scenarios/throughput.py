@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import psycopg
+from lib import Bench, Row, channels, child, poll_until, ratio, statement, summary
 
 import runrow
-from lib import Bench, Row, channels, child, poll_until, ratio, statement, summary
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -98,8 +98,11 @@ async def enqueue(b: Bench) -> list[Row]:
 # -- draining: runrow ---------------------------------------------------------------------
 
 
-async def drain_runrow(b: Bench, schema: str, n: int, concurrency: int, op: str) -> float:
+async def drain_runrow(b: Bench, schema: str, n: int, concurrency: int, op: str, profiler: Any = None) -> float:
+    """Enqueues ``n`` runs, then times one Dispatcher draining them (first start -> last ending)."""
     await _enqueue_ops(b, schema, n, op)
+    if profiler is not None:
+        profiler.start()
     t_first: list[float] = []
 
     async def agent(run: runrow.RunContext) -> None:
@@ -112,6 +115,8 @@ async def drain_runrow(b: Bench, schema: str, n: int, concurrency: int, op: str)
     async with runrow.Dispatcher(b.conninfo, agent, schema=schema, concurrency=concurrency, poll=1.0) as d:
         await poll_until(lambda: d.stats["completed"] + d.stats["failed"] >= n, timeout=300)
         t_end = time.monotonic()
+        if profiler is not None:
+            profiler.stop()
         if d.stats["failed"]:
             raise RuntimeError(f"{d.stats['failed']} runs failed in the throughput benchmark")
     return n / (t_end - t_first[0])
