@@ -143,7 +143,15 @@ async def worker(args: dict[str, Any]) -> None:
         db = pool
     opts = {
         k: args[k]
-        for k in ("concurrency", "poll", "heartbeat", "lease", "journal_notify", "notifications", "flush_interval")
+        for k in (
+            "concurrency",
+            "poll",
+            "heartbeat",
+            "lease",
+            "journal_notify",
+            "notifications",
+            "flush_interval",
+        )
         if k in args
     }
     last = {"completed": 0, "t": 0.0}

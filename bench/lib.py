@@ -8,7 +8,7 @@ import statistics
 import sys
 import time
 import uuid
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -62,8 +62,8 @@ PROFILES = {
     "quick": Profile(
         name="quick",
         reps=2,
-        runs=600,
-        peer_jobs=600,
+        runs=400,
+        peer_jobs=400,
         enqueue_runs=200,
         latency_samples=40,
         cancel_samples=8,
@@ -82,8 +82,8 @@ PROFILES = {
     ),
     "full": Profile(
         name="full",
-        reps=5,
-        runs=3_000,
+        reps=4,
+        runs=2_000,
         peer_jobs=2_000,
         enqueue_runs=2_000,
         latency_samples=300,
@@ -166,8 +166,10 @@ def latency_rows(
     *,
     baseline: list[float] | None = None,
     baseline_label: str = "",
-    goals: tuple[tuple[str, Callable[[float], bool]] | None, tuple[str, Callable[[float], bool]] | None]
-    = (None, None),
+    goals: tuple[tuple[str, Callable[[float], bool]] | None, tuple[str, Callable[[float], bool]] | None] = (
+        None,
+        None,
+    ),
     note: str = "",
 ) -> list[Row]:
     """p50 and p99 rows: the value pools every sample, min-max spans the blocks' figures."""
@@ -333,10 +335,8 @@ async def child(mode: str, **args: Any) -> AsyncIterator[Child]:
             finally:
                 if proc.returncode is None:
                     with anyio.move_on_after(15, shield=True):
-                        try:
+                        with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
                             await c.send("stop")
-                        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                            pass
                         await proc.wait()
                     if proc.returncode is None:
                         proc.kill()

@@ -13,10 +13,10 @@ import argparse
 from typing import Any
 
 import anyio
-
 from lib import PROFILES, Bench
-from runrow.embedded import EmbeddedPostgres
 from scenarios.throughput import drain_bare, drain_runrow
+
+from runrow.embedded import EmbeddedPostgres
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -34,8 +34,10 @@ async def main(args: argparse.Namespace) -> None:
                 rate = await drain_runrow(b, s, args.runs, args.concurrency, args.op, profiler)
             async with b.schema("prof") as s:
                 bare = await drain_bare(b, s, args.runs, args.concurrency, args.batch, args.op)
-            print(f"runrow c={args.concurrency}: {rate:.0f} runs/s; bare claim-{args.batch} x {args.concurrency}: "
-                  f"{bare:.0f} runs/s")
+            print(
+                f"runrow c={args.concurrency}: {rate:.0f} runs/s; bare claim-{args.batch} x {args.concurrency}: "
+                f"{bare:.0f} runs/s"
+            )
         if profiler is not None:
             profiler.write_html(args.pyinstrument)
             print(profiler.output_text(unicode=False, color=False, show_all=args.show_all))

@@ -78,7 +78,7 @@ def fmt(v: float | None) -> str:
 
 
 def table(rows: list[Row]) -> str:
-    head = "| scenario | case | runrow | min-max | unit | baseline | ratio | goal | met |"
+    head = "| scenario | case | value | min-max | unit | baseline | ratio | goal | met |"
     lines = [head, "|---|---|---:|---:|---|---|---:|---|---|"]
     for r in rows:
         rng = "—" if r.min is None or r.max is None else f"{fmt(r.min)}-{fmt(r.max)}"
@@ -250,10 +250,14 @@ async def main_async(args: argparse.Namespace) -> int:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--profile", choices=sorted(PROFILES), default="quick")
     parser.add_argument("--json", help="write the results as JSON to this file")
-    parser.add_argument("--plot", help="PNG path for the runs/s plot (default bench/results/throughput-PROFILE.png)")
+    parser.add_argument(
+        "--plot", help="PNG path for the runs/s plot (default bench/results/throughput-PROFILE.png)"
+    )
     parser.add_argument("--only", help="comma-separated scenario names to run (default: all)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)

@@ -57,8 +57,9 @@ async def fanout(b: Bench) -> list[Row]:
 
     async with (
         b.schema("fanout") as s,
-        child("worker", conninfo=b.conninfo, schema=s, concurrency=n, pool_size=16, lease=120.0,
-              heartbeat=30.0) as kid,
+        child(
+            "worker", conninfo=b.conninfo, schema=s, concurrency=n, pool_size=16, lease=120.0, heartbeat=30.0
+        ) as kid,
     ):
         await kid.expect("READY")
         ids = await b.enqueue_many(s, n, prefix="f", content={"op": "fanout"})
@@ -68,12 +69,18 @@ async def fanout(b: Bench) -> list[Row]:
                 while (await (await conn.execute(q)).fetchone() or [0])[0] < n:
                     await anyio.sleep(0.1)
         pool: AsyncConnectionPool[psycopg.AsyncConnection] = AsyncConnectionPool(
-            b.app_conninfo("bench_fanout_pool"), min_size=1, max_size=POOL_SIZE, open=False,
+            b.app_conninfo("bench_fanout_pool"),
+            min_size=1,
+            max_size=POOL_SIZE,
+            open=False,
             kwargs={"autocommit": True},
         )
         await pool.open(wait=True)
         try:
-            async with runrow.NotifyHub(b.app_conninfo("bench_fanout_hub")) as hub, anyio.create_task_group() as tg:
+            async with (
+                runrow.NotifyHub(b.app_conninfo("bench_fanout_hub")) as hub,
+                anyio.create_task_group() as tg,
+            ):
                 tg.start_soon(monitor)
                 for rid in ids:
                     tg.start_soon(one_tail, pool, hub, rid, s)
@@ -99,15 +106,65 @@ async def fanout(b: Bench) -> list[Row]:
         finally:
             await pool.close()
     return [
-        Row("fanout", f"{n} tails: DB connections (peak, pool + hub)", float(peak["pool"] + peak["hub"]), "conns",
-            None, None, float(POOL_SIZE + 1), f"pool max {POOL_SIZE} + 1 hub", None,
-            f"<= {POOL_SIZE} + 1", peak["pool"] + peak["hub"] <= POOL_SIZE + 1),
-        Row("fanout", f"{n} tails: LISTEN connections", float(peak["hub"]), "conns", None, None, 1.0,
-            "one NotifyHub", None, "1", peak["hub"] == 1),
-        Row("fanout", f"{n} tails: process CPU over {p.fanout_idle:g} idle s", cpu, "% of a core", None, None,
-            None, "", None, "<= 2%", cpu <= 2.0),
-        Row("fanout", f"{n} tails: delivery p50", pct(lat, 50), "ms", None, None, None,
-            "one event on each of the runs at once", None),
-        Row("fanout", f"{n} tails: delivery p99", pct(lat, 99), "ms", None, None, None,
-            "one event on each of the runs at once", None),
+        Row(
+            "fanout",
+            f"{n} tails: DB connections (peak, pool + hub)",
+            float(peak["pool"] + peak["hub"]),
+            "conns",
+            None,
+            None,
+            float(POOL_SIZE + 1),
+            f"pool max {POOL_SIZE} + 1 hub",
+            None,
+            f"<= {POOL_SIZE} + 1",
+            peak["pool"] + peak["hub"] <= POOL_SIZE + 1,
+        ),
+        Row(
+            "fanout",
+            f"{n} tails: LISTEN connections",
+            float(peak["hub"]),
+            "conns",
+            None,
+            None,
+            1.0,
+            "one NotifyHub",
+            None,
+            "1",
+            peak["hub"] == 1,
+        ),
+        Row(
+            "fanout",
+            f"{n} tails: process CPU over {p.fanout_idle:g} idle s",
+            cpu,
+            "% of a core",
+            None,
+            None,
+            None,
+            "",
+            None,
+            "<= 2%",
+            cpu <= 2.0,
+        ),
+        Row(
+            "fanout",
+            f"{n} tails: delivery p50",
+            pct(lat, 50),
+            "ms",
+            None,
+            None,
+            None,
+            "one event on each of the runs at once",
+            None,
+        ),
+        Row(
+            "fanout",
+            f"{n} tails: delivery p99",
+            pct(lat, 99),
+            "ms",
+            None,
+            None,
+            None,
+            "one event on each of the runs at once",
+            None,
+        ),
     ]

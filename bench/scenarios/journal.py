@@ -15,7 +15,9 @@ import runrow
 
 async def _count_rows(conninfo: str, schema: str, run_ids: list[Any], etype: str | None = None) -> int:
     async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
-        q = sql.SQL("SELECT count(*) FROM {}.run_event WHERE run_id = ANY(%s) AND (%s::text IS NULL OR type = %s)")
+        q = sql.SQL(
+            "SELECT count(*) FROM {}.run_event WHERE run_id = ANY(%s) AND (%s::text IS NULL OR type = %s)"
+        )
         cur = await conn.execute(q.format(sql.Identifier(schema)), (run_ids, etype, etype))
         row = await cur.fetchone()
         assert row is not None
@@ -44,7 +46,10 @@ async def rows_per_deltas(b: Bench) -> list[Row]:
         async with await psycopg.AsyncConnection.connect(b.conninfo, autocommit=True) as conn:
             for rep in range(max(1, p.reps - 1)):
                 run = await runrow.enqueue(
-                    conn, conversation_id=f"j{rep}", user_id="u", content={"op": "deltas", "n": n, "seconds": seconds},
+                    conn,
+                    conversation_id=f"j{rep}",
+                    user_id="u",
+                    content={"op": "deltas", "n": n, "seconds": seconds},
                     schema=s,
                 )
                 await _wait_finished(b.conninfo, s, [run.id], seconds * 3 + 30)
@@ -53,8 +58,21 @@ async def rows_per_deltas(b: Bench) -> list[Row]:
     limit = 45 * seconds / 10
     note = "" if seconds == 10 else f"scaled down: {n} deltas over {seconds:g}s, goal scaled"
     return [
-        Row("journal", f"rows for {n:,} deltas over {seconds:g}s", med, "rows", lo, hi, float(n),
-            "one row per delta", ratio(med, n), f"<= {limit:g} rows", med <= limit, note, counts)
+        Row(
+            "journal",
+            f"rows for {n:,} deltas over {seconds:g}s",
+            med,
+            "rows",
+            lo,
+            hi,
+            float(n),
+            "one row per delta",
+            ratio(med, n),
+            f"<= {limit:g} rows",
+            med <= limit,
+            note,
+            counts,
+        )
     ]
 
 
@@ -71,7 +89,11 @@ async def append_to_tail(b: Bench) -> list[Row]:
         await kid.expect("READY")
         async with await psycopg.AsyncConnection.connect(b.conninfo, autocommit=True) as conn:
             run = await runrow.enqueue(
-                conn, conversation_id="tail", user_id="u", content={"op": "ticks", "n": n, "every": 0.02}, schema=s
+                conn,
+                conversation_id="tail",
+                user_id="u",
+                content={"op": "ticks", "n": n, "every": 0.02},
+                schema=s,
             )
         released = False
         async for ev in runrow.tail(b.conninfo, run.id, hub=hub, schema=s):
@@ -82,7 +104,11 @@ async def append_to_tail(b: Bench) -> list[Row]:
                 await kid.send("release")
                 released = True
     return latency_rows(
-        "journal", "append->tail (hub)", lat, p.reps + 1, baseline=b.raw_wake_ms or None,
+        "journal",
+        "append->tail (hub)",
+        lat,
+        p.reps + 1,
+        baseline=b.raw_wake_ms or None,
         baseline_label="raw LISTEN/NOTIFY" if b.raw_wake_ms else "",
     )
 
@@ -93,21 +119,34 @@ async def streaming(b: Bench, notify: bool) -> dict[str, float]:
     runs = p.stream_runs
     async with (
         b.schema("jstream") as s,
-        child("worker", conninfo=b.conninfo, schema=s, concurrency=runs, pool_size=16, journal_notify=notify,
-              lease=60.0, heartbeat=10.0) as kid,
+        child(
+            "worker",
+            conninfo=b.conninfo,
+            schema=s,
+            concurrency=runs,
+            pool_size=16,
+            journal_notify=notify,
+            lease=60.0,
+            heartbeat=10.0,
+        ) as kid,
     ):
         await kid.expect("READY")
         ids: list[Any] = []
         async with await psycopg.AsyncConnection.connect(b.conninfo, autocommit=True) as conn:
             for i in range(runs):
                 r = await runrow.enqueue(
-                    conn, conversation_id=f"s{i}", user_id="u",
-                    content={"op": "stream", "seconds": p.stream_seconds, "every": 0.02, "probe": 0.25}, schema=s,
+                    conn,
+                    conversation_id=f"s{i}",
+                    user_id="u",
+                    content={"op": "stream", "seconds": p.stream_seconds, "every": 0.02, "probe": 0.25},
+                    schema=s,
                 )
                 ids.append(r.id)
         # Wait until every run is running, then release them together.
         async with await psycopg.AsyncConnection.connect(b.conninfo, autocommit=True) as conn:
-            q = sql.SQL("SELECT count(*) FROM {}.agent_run WHERE status = 'running'").format(sql.Identifier(s))
+            q = sql.SQL("SELECT count(*) FROM {}.agent_run WHERE status = 'running'").format(
+                sql.Identifier(s)
+            )
             with anyio.fail_after(60):
                 while (await (await conn.execute(q)).fetchone() or [0])[0] < runs:
                     await anyio.sleep(0.05)
@@ -136,17 +175,30 @@ async def journal(b: Bench) -> list[Row]:
     with_n: list[dict[str, float]] = []
     without: list[dict[str, float]] = []
     for rep in range(max(1, p.reps - 1)):
-        for notify in ((True, False) if rep % 2 == 0 else (False, True)):
+        for notify in (True, False) if rep % 2 == 0 else (False, True):
             (with_n if notify else without).append(await streaming(b, notify))
     label = f"{p.stream_runs} runs streaming"
-    for key, unit, name in (("rows_per_s", "rows/s", "rows/s"), ("p50", "ms", "commit p50"),
-                            ("p99", "ms", "commit p99")):
+    for key, unit, name in (
+        ("rows_per_s", "rows/s", "rows/s"),
+        ("p50", "ms", "commit p50"),
+        ("p99", "ms", "commit p99"),
+    ):
         a = [r[key] for r in with_n]
         z = [r[key] for r in without]
         med, lo, hi = summary(a)
         base = summary(z)[0]
         rows.append(
-            Row("journal", f"{label}: {name}, per-flush NOTIFY", med, unit, lo, hi, base, "journal_notify=False",
-                ratio(med, base), samples=a)
+            Row(
+                "journal",
+                f"{label}: {name}, per-flush NOTIFY",
+                med,
+                unit,
+                lo,
+                hi,
+                base,
+                "journal_notify=False",
+                ratio(med, base),
+                samples=a,
+            )
         )
     return rows

@@ -18,7 +18,9 @@ import runrow
 
 
 async def _wake_sample(b: Bench, conn: psycopg.AsyncConnection, kid: Child, schema: str, i: int) -> float:
-    run = await runrow.enqueue(conn, conversation_id=f"w{i}", user_id="u", content={"op": "start"}, schema=schema)
+    run = await runrow.enqueue(
+        conn, conversation_id=f"w{i}", user_id="u", content={"op": "start"}, schema=schema
+    )
     t0 = time.monotonic()
     got = await kid.expect("START", timeout=30)
     run_id, t = got.split()
@@ -41,8 +43,9 @@ async def wake(b: Bench) -> list[Row]:
         raw_channel = "bench_raw_wake"
         async with (
             child("worker", conninfo=b.conninfo, schema=s_on, concurrency=4) as on,
-            child("worker", conninfo=b.conninfo, schema=s_off, concurrency=4, notifications=False,
-                  poll=poll_off) as off,
+            child(
+                "worker", conninfo=b.conninfo, schema=s_off, concurrency=4, notifications=False, poll=poll_off
+            ) as off,
             child("listen", conninfo=b.conninfo, channel=raw_channel) as raw,
             await psycopg.AsyncConnection.connect(b.conninfo, autocommit=True) as conn,
         ):
@@ -62,12 +65,20 @@ async def wake(b: Bench) -> list[Row]:
     b.raw_wake_ms = samples["raw"]
     blocks = p.reps + 1
     rows = latency_rows(
-        "wake_latency", "hub on", samples["hub"], blocks, baseline=samples["raw"],
+        "wake_latency",
+        "hub on",
+        samples["hub"],
+        blocks,
+        baseline=samples["raw"],
         baseline_label="raw LISTEN/NOTIFY",
         goals=(("<= 3 ms", lambda v: v <= 3.0), ("<= 10 ms", lambda v: v <= 10.0)),
     )
     rows += latency_rows(
-        "wake_latency", f"hub off (poll {poll_off}s)", samples["poll"], blocks, baseline=samples["raw"],
+        "wake_latency",
+        f"hub off (poll {poll_off}s)",
+        samples["poll"],
+        blocks,
+        baseline=samples["raw"],
         baseline_label="raw LISTEN/NOTIFY",
     )
     rows += latency_rows("wake_latency", "raw LISTEN/NOTIFY round trip", samples["raw"], blocks)
@@ -75,7 +86,9 @@ async def wake(b: Bench) -> list[Row]:
 
 
 async def _cancel_sample(conn: psycopg.AsyncConnection, kid: Child, schema: str, i: int) -> float:
-    run = await runrow.enqueue(conn, conversation_id=f"x{i}", user_id="u", content={"op": "hold"}, schema=schema)
+    run = await runrow.enqueue(
+        conn, conversation_id=f"x{i}", user_id="u", content={"op": "hold"}, schema=schema
+    )
     got = await kid.expect("START", timeout=30)
     assert got.split()[0] == str(run.id)
     await runrow.cancel_run(conn, run.id, schema=schema)
@@ -92,7 +105,12 @@ async def cancel(b: Bench) -> list[Row]:
     heartbeat = 1.0
     samples: dict[str, list[float]] = {"hub": [], "off": []}
     async with b.schema("cancel_on") as s_on, b.schema("cancel_off") as s_off:
-        common: dict[str, Any] = {"conninfo": b.conninfo, "concurrency": 4, "heartbeat": heartbeat, "lease": 4.0}
+        common: dict[str, Any] = {
+            "conninfo": b.conninfo,
+            "concurrency": 4,
+            "heartbeat": heartbeat,
+            "lease": 4.0,
+        }
         async with (
             child("worker", schema=s_on, **common) as on,
             child("worker", schema=s_off, notifications=False, poll=0.1, **common) as off,
@@ -108,12 +126,20 @@ async def cancel(b: Bench) -> list[Row]:
                     samples["off"].append(c)
     blocks = p.reps + 1
     rows = latency_rows(
-        "cancel_latency", "hub on", samples["hub"], blocks, baseline=b.raw_wake_ms or None,
+        "cancel_latency",
+        "hub on",
+        samples["hub"],
+        blocks,
+        baseline=b.raw_wake_ms or None,
         baseline_label="raw LISTEN/NOTIFY" if b.raw_wake_ms else "",
         goals=(("<= 100 ms", lambda v: v <= 100.0), None),
     )
     rows += latency_rows(
-        "cancel_latency", f"hub off (heartbeat {heartbeat:g}s)", samples["off"], blocks,
-        baseline=[heartbeat * 1000], baseline_label="heartbeat period",
+        "cancel_latency",
+        f"hub off (heartbeat {heartbeat:g}s)",
+        samples["off"],
+        blocks,
+        baseline=[heartbeat * 1000],
+        baseline_label="heartbeat period",
     )
     return rows

@@ -18,6 +18,16 @@ async def memory(b: Bench) -> list[Row]:
     med, lo, hi = summary(peaks)
     idle = summary(idles)[0]
     return [
-        Row("memory", f"peak RSS, 1 worker, {p.stream_runs} streaming runs ({p.stream_seconds:g}s)", med, "MB",
-            lo, hi, idle, "same worker idle (dispatcher up, no runs)", ratio(med, idle), samples=peaks)
+        Row(
+            "memory",
+            f"peak RSS, 1 worker, {p.stream_runs} streaming runs ({p.stream_seconds:g}s)",
+            med,
+            "MB",
+            lo,
+            hi,
+            idle,
+            "same worker idle (dispatcher up, no runs)",
+            ratio(med, idle),
+            samples=peaks,
+        )
     ]

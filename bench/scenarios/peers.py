@@ -136,7 +136,9 @@ async def peers(b: Bench, earlier: list[Row]) -> tuple[list[Row], dict[str, Any]
     core = {r.case: r.value for r in earlier if r.scenario == "throughput_core"}
     configs: list[tuple[str, str, Callable[[int], Awaitable[float]]]] = []
     for c in p.peer_concurrencies:
-        configs.append(("pgqueuer b1", f"c={c}", lambda c=c: pgqueuer_drain(dsn["pgqueuer"], p.peer_jobs, c, 1)))
+        configs.append(
+            ("pgqueuer b1", f"c={c}", lambda c=c: pgqueuer_drain(dsn["pgqueuer"], p.peer_jobs, c, 1))
+        )
         configs.append(
             ("pgqueuer b10", f"c={c}", lambda c=c: pgqueuer_drain(dsn["pgqueuer"], p.peer_jobs, c, 10))
         )
@@ -150,7 +152,13 @@ async def peers(b: Bench, earlier: list[Row]) -> tuple[list[Row], dict[str, Any]
         module = name.split()[0]
         if not _available(module) or (module == "pgqueuer" and not _available("asyncpg")):
             rows.append(
-                Row("peers", f"{name} {case}", None, "jobs/s", note=f"{module} not installed: pip install -e '.[bench]'")
+                Row(
+                    "peers",
+                    f"{name} {case}",
+                    None,
+                    "jobs/s",
+                    note=f"{module} not installed: pip install -e '.[bench]'",
+                )
             )
             continue
         runnable.append((name, case, fn))
@@ -164,7 +172,9 @@ async def peers(b: Bench, earlier: list[Row]) -> tuple[list[Row], dict[str, Any]
             except Exception as exc:
                 log.exception("peer %s %s failed", name, case)
                 results[(name, case)].append(float("nan"))
-                rows.append(Row("peers", f"{name} {case} rep {rep}", None, "jobs/s", note=f"failed: {exc}"[:160]))
+                rows.append(
+                    Row("peers", f"{name} {case} rep {rep}", None, "jobs/s", note=f"failed: {exc}"[:160])
+                )
     best: dict[str, float] = {}
     for (name, case), vals in results.items():
         vals = [v for v in vals if v == v]
@@ -176,14 +186,35 @@ async def peers(b: Bench, earlier: list[Row]) -> tuple[list[Row], dict[str, Any]
         plot.setdefault(name, {})[c] = med
         best[case] = max(best.get(case, 0.0), med)
         rows.append(
-            Row("peers", f"{name} {case}", med, "jobs/s", lo, hi, runrow_rate, f"runrow {case}",
-                ratio(runrow_rate, med), samples=vals)
+            Row(
+                "peers",
+                f"{name} {case}",
+                med,
+                "jobs/s",
+                lo,
+                hi,
+                runrow_rate,
+                f"runrow {case}",
+                ratio(runrow_rate, med),
+                samples=vals,
+            )
         )
     for case, peak in best.items():
         runrow_rate = core.get(case)
         r = ratio(runrow_rate, peak)
         rows.append(
-            Row("peers", f"best peer {case}", peak, "jobs/s", None, None, runrow_rate, f"runrow {case}", r,
-                ">= 1.5 x best peer", None if r is None else r >= 1.5)
+            Row(
+                "peers",
+                f"best peer {case}",
+                peak,
+                "jobs/s",
+                None,
+                None,
+                runrow_rate,
+                f"runrow {case}",
+                r,
+                ">= 1.5 x best peer",
+                None if r is None else r >= 1.5,
+            )
         )
     return rows, {"peers": plot, **plot}

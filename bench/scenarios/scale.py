@@ -71,9 +71,16 @@ class _Probe:
         await self.conn.execute(
             self.finalize,
             {
-                "ids": [r[0]], "tokens": [r[1]], "statuses": ["completed"], "errors": [None], "partials": [None],
-                "ev_runs": [r[0]], "ev_seqs": [int(r[-1]) + 1], "ev_types": ["complete"],
-                "ev_payloads": ['{"status": "completed"}'], "events_prefix": self.ch.events_prefix,
+                "ids": [r[0]],
+                "tokens": [r[1]],
+                "statuses": ["completed"],
+                "errors": [None],
+                "partials": [None],
+                "ev_runs": [r[0]],
+                "ev_seqs": [int(r[-1]) + 1],
+                "ev_types": ["complete"],
+                "ev_payloads": ['{"status": "completed"}'],
+                "events_prefix": self.ch.events_prefix,
                 "wake_channel": self.ch.wake,
             },
         )
@@ -129,18 +136,28 @@ async def scale(b: Bench) -> tuple[list[Row], dict[str, str]]:
                 for probe, key in pair:
                     claim[key].append(await probe.claim_ms())
                     read[key].append(await probe.tail_ms())
-            explains = {f"{k} ({big_runs:,} finished runs, {p.scale_events_big:,} journal rows)": v
-                        for k, v in (await big.explain()).items()}
+            explains = {
+                f"{k} ({big_runs:,} finished runs, {p.scale_events_big:,} journal rows)": v
+                for k, v in (await big.explain()).items()
+            }
     blocks = p.reps + 1
     note = f"seeded in {seed_small:.0f}s / {seed_big:.0f}s"
     rows = []
-    for what, data, ev_small, ev_big in (("claim", claim, small_runs, big_runs),
-                                         ("tail read", read, p.scale_events_small, p.scale_events_big)):
+    for what, data, ev_small, ev_big in (
+        ("claim", claim, small_runs, big_runs),
+        ("tail read", read, p.scale_events_small, p.scale_events_big),
+    ):
         unit_small = f"{ev_small:,} {'finished runs' if what == 'claim' else 'journal rows'}"
         unit_big = f"{ev_big:,}"
         got = latency_rows(
-            "scale", f"{what}, {unit_big} vs {unit_small}", data["big"], blocks, baseline=data["small"],
-            baseline_label=unit_small, goals=(("ratio <= 1.2", lambda v: True), None), note=note,
+            "scale",
+            f"{what}, {unit_big} vs {unit_small}",
+            data["big"],
+            blocks,
+            baseline=data["small"],
+            baseline_label=unit_small,
+            goals=(("ratio <= 1.2", lambda v: True), None),
+            note=note,
         )
         for r in got:
             if r.goal:

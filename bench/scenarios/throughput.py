@@ -89,8 +89,18 @@ async def enqueue(b: Bench) -> list[Row]:
         med, lo, hi = summary(rr)
         base = summary(bare)[0]
         rows.append(
-            Row("enqueue", f"{conns} conn", med, "runs/s", lo, hi, base, "bare INSERT+pg_notify", ratio(med, base),
-                samples=rr)
+            Row(
+                "enqueue",
+                f"{conns} conn",
+                med,
+                "runs/s",
+                lo,
+                hi,
+                base,
+                "bare INSERT+pg_notify",
+                ratio(med, base),
+                samples=rr,
+            )
         )
     return rows
 
@@ -98,7 +108,9 @@ async def enqueue(b: Bench) -> list[Row]:
 # -- draining: runrow ---------------------------------------------------------------------
 
 
-async def drain_runrow(b: Bench, schema: str, n: int, concurrency: int, op: str, profiler: Any = None) -> float:
+async def drain_runrow(
+    b: Bench, schema: str, n: int, concurrency: int, op: str, profiler: Any = None
+) -> float:
     """Enqueues ``n`` runs, then times one Dispatcher draining them (first start -> last ending)."""
     await _enqueue_ops(b, schema, n, op)
     if profiler is not None:
@@ -268,8 +280,8 @@ async def throughput(b: Bench, op: str, concurrencies: tuple[int, ...]) -> tuple
     # A short warm-up so the first measured case does not pay for cold caches.
     async with b.schema("warm") as s:
         await drain_runrow(b, s, min(200, p.runs), 4, op)
+    n = p.runs
     for label, c, procs in _cases(concurrencies):
-        n = p.runs
 
         def rr(s: str, c: int = c, procs: int = procs) -> Awaitable[float]:
             if procs == 1:
@@ -294,8 +306,20 @@ async def throughput(b: Bench, op: str, concurrencies: tuple[int, ...]) -> tuple
         if op == "full" and c == 4 and procs == 1:
             goal, met = ">= 0.6 x bare", (med / base) >= 0.6
         rows.append(
-            Row(scenario, label, med, "runs/s", lo, hi, base, "bare claim-1 + finalize loop", ratio(med, base),
-                goal, met, samples=res[0])
+            Row(
+                scenario,
+                label,
+                med,
+                "runs/s",
+                lo,
+                hi,
+                base,
+                "bare claim-1 + finalize loop",
+                ratio(med, base),
+                goal,
+                met,
+                samples=res[0],
+            )
         )
         if procs == 1:
             plot["runrow"][c] = med
@@ -307,8 +331,19 @@ async def throughput(b: Bench, op: str, concurrencies: tuple[int, ...]) -> tuple
             if c == 4:
                 goal, met = ">= 0.5 x batched ceiling", (med / bmed) >= 0.5
             rows.append(
-                Row(scenario, f"{label} vs bare batched", med, "runs/s", lo, hi, bmed,
-                    f"bare claim-10 + finalize-10 ({blo:.0f}-{bhi:.0f})", ratio(med, bmed), goal, met,
-                    samples=res[0])
+                Row(
+                    scenario,
+                    f"{label} vs bare batched",
+                    med,
+                    "runs/s",
+                    lo,
+                    hi,
+                    bmed,
+                    f"bare claim-10 + finalize-10 ({blo:.0f}-{bhi:.0f})",
+                    ratio(med, bmed),
+                    goal,
+                    met,
+                    samples=res[0],
+                )
             )
     return rows, plot
