@@ -1,0 +1,351 @@
+"""Shared pieces of the benchmark suite: results, statistics, schemas, child processes."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import sys
+import time
+import uuid
+from contextlib import asynccontextmanager, suppress
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import psycopg
+from psycopg import sql
+
+import runrow
+from runrow import _sql
+from runrow._names import Channels
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Awaitable, Callable
+
+    from anyio.abc import Process
+
+BENCH_DIR = Path(__file__).resolve().parent
+CHILD = BENCH_DIR / "child.py"
+
+
+# -- profiles ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    reps: int  # repetitions of each throughput measurement (interleaved with the baseline)
+    runs: int  # runs drained per throughput measurement
+    peer_jobs: int  # jobs drained per peer measurement
+    enqueue_runs: int  # runs enqueued per enqueue measurement
+    latency_samples: int  # wake / tail samples per variant
+    cancel_samples: int
+    journal_deltas: int  # deltas streamed by one run ...
+    journal_seconds: float  # ... over this long
+    stream_runs: int  # concurrent streaming runs (journal 200-run case, memory)
+    stream_seconds: float
+    fanout_tails: int
+    fanout_idle: float
+    scale_small: int  # finished runs in the small table
+    scale_big: int  # finished runs in the big table
+    scale_events_small: int  # journal rows in the small table
+    scale_events_big: int
+    scale_samples: int
+    concurrencies: tuple[int, ...] = (1, 4, 16)
+    full_concurrencies: tuple[int, ...] = (4, 16)  # throughput_full cases
+    peer_concurrencies: tuple[int, ...] = (4,)
+
+
+PROFILES = {
+    "quick": Profile(
+        name="quick",
+        reps=2,
+        runs=400,
+        peer_jobs=400,
+        enqueue_runs=200,
+        latency_samples=40,
+        cancel_samples=8,
+        journal_deltas=2_500,
+        journal_seconds=2.5,
+        stream_runs=200,
+        stream_seconds=2.0,
+        fanout_tails=1_000,
+        fanout_idle=3.0,
+        scale_small=1_000,
+        scale_big=100_000,
+        scale_events_small=100_000,
+        scale_events_big=200_000,
+        scale_samples=100,
+        full_concurrencies=(4,),
+    ),
+    "full": Profile(
+        name="full",
+        reps=3,
+        runs=1_500,
+        peer_jobs=1_500,
+        enqueue_runs=800,
+        latency_samples=300,
+        cancel_samples=60,
+        journal_deltas=10_000,
+        journal_seconds=10.0,
+        stream_runs=200,
+        stream_seconds=10.0,
+        fanout_tails=1_000,
+        fanout_idle=10.0,
+        scale_small=1_000,
+        scale_big=1_000_000,
+        scale_events_small=100_000,
+        scale_events_big=1_000_000,
+        scale_samples=400,
+        full_concurrencies=(1, 4, 16),
+        peer_concurrencies=(1, 4, 16),
+    ),
+}
+
+
+# -- results ----------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    """One line of the report: runrow's figure next to its same-run baseline."""
+
+    scenario: str
+    case: str
+    value: float | None
+    unit: str
+    min: float | None = None
+    max: float | None = None
+    baseline: float | None = None
+    baseline_label: str = ""
+    ratio: float | None = None
+    goal: str = ""
+    met: bool | None = None
+    note: str = ""
+    samples: list[float] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("samples")
+        d["reps"] = [round(s, 4) for s in self.samples]
+        return d
+
+
+def summary(values: list[float]) -> tuple[float, float, float]:
+    """(median, min, max) of per-repetition figures."""
+    return statistics.median(values), min(values), max(values)
+
+
+def pct(values: list[float], p: float) -> float:
+    """The p-th percentile (nearest rank) of ``values``."""
+    s = sorted(values)
+    k = max(0, min(len(s) - 1, math.ceil(p / 100 * len(s)) - 1))
+    return s[k]
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+def chunks(values: list[float], n: int) -> list[list[float]]:
+    """Splits samples (taken in rounds) into ``n`` blocks, for a min-max across blocks."""
+    n = max(1, min(n, len(values)))
+    size = math.ceil(len(values) / n)
+    return [values[i : i + size] for i in range(0, len(values), size)]
+
+
+def latency_rows(
+    scenario: str,
+    case: str,
+    samples_ms: list[float],
+    blocks: int,
+    *,
+    baseline: list[float] | None = None,
+    baseline_label: str = "",
+    goals: tuple[tuple[str, Callable[[float], bool]] | None, tuple[str, Callable[[float], bool]] | None] = (
+        None,
+        None,
+    ),
+    note: str = "",
+) -> list[Row]:
+    """p50 and p99 rows: the value pools every sample, min-max spans the blocks' figures."""
+    rows = []
+    for p, goal in zip((50, 99), goals, strict=True):
+        if not samples_ms:
+            rows.append(Row(scenario, f"{case} p{p}", None, "ms", note="no samples"))
+            continue
+        per_block = [pct(b, p) for b in chunks(samples_ms, blocks)]
+        value = pct(samples_ms, p)
+        base = pct(baseline, p) if baseline else None
+        rows.append(
+            Row(
+                scenario,
+                f"{case} p{p}",
+                value,
+                "ms",
+                min(per_block),
+                max(per_block),
+                base,
+                baseline_label,
+                ratio(value, base),
+                goal[0] if goal else "",
+                goal[1](value) if goal else None,
+                note,
+                per_block,
+            )
+        )
+    return rows
+
+
+# -- database helpers -------------------------------------------------------------------
+
+
+class Bench:
+    """What every scenario gets: the server's conninfo, the profile, a few helpers."""
+
+    def __init__(self, conninfo: str, profile: Profile) -> None:
+        self.conninfo = conninfo
+        self.profile = profile
+        self.raw_wake_ms: list[float] = []  # the raw LISTEN/NOTIFY round trip (wake scenario)
+
+    def app_conninfo(self, name: str) -> str:
+        return psycopg.conninfo.make_conninfo(self.conninfo, application_name=name)
+
+    @asynccontextmanager
+    async def schema(self, tag: str) -> AsyncIterator[str]:
+        """A freshly migrated runrow schema, dropped afterwards."""
+        name = f"b_{tag}_{uuid.uuid4().hex[:6]}"
+        await runrow.migrate(self.conninfo, schema=name)
+        try:
+            yield name
+        finally:
+            async with await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True) as conn:
+                await conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(name)))
+
+    async def enqueue_many(
+        self, schema: str, n: int, *, connections: int = 8, prefix: str = "c", content: Any = "hi"
+    ) -> list[Any]:
+        """Enqueues ``n`` runs, one conversation each, through runrow's public API."""
+        ids: list[Any] = []
+        conns = [
+            await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True) for _ in range(connections)
+        ]
+        try:
+
+            async def worker(k: int) -> None:
+                for i in range(k, n, connections):
+                    r = await runrow.enqueue(
+                        conns[k], conversation_id=f"{prefix}{i}", user_id="u", content=content, schema=schema
+                    )
+                    ids.append(r.id)
+
+            async with anyio.create_task_group() as tg:
+                for k in range(connections):
+                    tg.start_soon(worker, k)
+        finally:
+            for c in conns:
+                await c.close()
+        return ids
+
+    async def active_count(self, conn: psycopg.AsyncConnection, schema: str) -> int:
+        cur = await conn.execute(
+            sql.SQL("SELECT count(*) FROM {}.agent_run WHERE status IN ('queued', 'running')").format(
+                sql.Identifier(schema)
+            )
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        return int(row[0])
+
+    async def wait_drained(self, schema: str, timeout: float) -> float:
+        """Polls until no run is queued or running; returns the monotonic time it saw that."""
+        async with await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True) as conn:
+            with anyio.fail_after(timeout):
+                while await self.active_count(conn, schema):
+                    await anyio.sleep(0.01)
+        return time.monotonic()
+
+
+def statement(name: str, schema: str) -> bytes:
+    """A runrow SQL statement (sql/*.sql) rendered for ``schema``: the bare baselines run these."""
+    return _sql.statement(name, schema)
+
+
+def channels(schema: str) -> Channels:
+    return Channels.for_schema(schema)
+
+
+async def poll_until(cond: Callable[[], bool], timeout: float, step: float = 0.002) -> None:
+    """Waits for ``cond()`` with a bound (a benchmark helper, not a test)."""
+    with anyio.fail_after(timeout):
+        while not cond():
+            await anyio.sleep(step)
+
+
+# -- child processes --------------------------------------------------------------------
+
+
+class Child:
+    """A benchmark child process (bench/child.py) spoken to by lines on stdin/stdout."""
+
+    def __init__(self, proc: Process) -> None:
+        self.proc = proc
+        self._buf = b""
+        assert proc.stdout is not None and proc.stdin is not None
+
+    async def line(self, timeout: float = 60.0) -> str:
+        assert self.proc.stdout is not None
+        with anyio.fail_after(timeout):
+            while b"\n" not in self._buf:
+                chunk = await self.proc.stdout.receive()
+                self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return line.decode()
+
+    async def expect(self, prefix: str, timeout: float = 60.0) -> str:
+        """The next line starting with ``prefix`` (its remainder); other lines are skipped."""
+        while True:
+            line = await self.line(timeout)
+            if line.startswith(prefix):
+                return line[len(prefix) :].strip()
+
+    async def send(self, text: str) -> None:
+        assert self.proc.stdin is not None
+        await self.proc.stdin.send((text + "\n").encode())
+
+    async def result(self, timeout: float = 120.0) -> dict[str, Any]:
+        data: dict[str, Any] = json.loads(await self.expect("RESULT", timeout))
+        return data
+
+
+@asynccontextmanager
+async def child(mode: str, **args: Any) -> AsyncIterator[Child]:
+    """Starts ``bench/child.py mode`` and stops it on exit."""
+    cmd = [sys.executable, str(CHILD), mode, json.dumps(args)]
+    errlog = open(BENCH_DIR / "results" / f"child-{mode}.log", "ab")  # noqa: SIM115 - handed to the child
+    try:
+        async with await anyio.open_process(cmd, stderr=errlog) as proc:
+            c = Child(proc)
+            try:
+                yield c
+            finally:
+                if proc.returncode is None:
+                    with anyio.move_on_after(15, shield=True):
+                        with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                            await c.send("stop")
+                        await proc.wait()
+                    if proc.returncode is None:
+                        proc.kill()
+                        await proc.wait()
+    finally:
+        errlog.close()
+
+
+async def timed(fn: Callable[[], Awaitable[Any]]) -> float:
+    t0 = time.perf_counter()
+    await fn()
+    return time.perf_counter() - t0

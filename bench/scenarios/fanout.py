@@ -1,0 +1,170 @@
+"""fanout: 1,000 concurrent tails of live runs in this process, over one pool and one NotifyHub.
+
+The runs live in a child worker. This process only tails: its connections carry an
+application_name, so pg_stat_activity (sampled from a separate monitor connection)
+tells pool connections and the hub's LISTEN connection apart.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import anyio
+import psycopg
+from lib import Bench, Row, child, pct
+from psycopg import sql
+from psycopg_pool import AsyncConnectionPool
+
+import runrow
+
+POOL_SIZE = 10
+
+
+async def fanout(b: Bench) -> list[Row]:
+    p = b.profile
+    n = p.fanout_tails
+    got_ready = 0
+    got_ping = 0
+    ended = 0
+    lat: list[float] = []
+    peak: dict[str, int] = {"pool": 0, "hub": 0}
+    stop_monitor = anyio.Event()
+    paused = [False]  # the monitor sleeps through the idle window: its own CPU must not count
+
+    async def monitor() -> None:
+        q = "SELECT application_name, count(*) FROM pg_stat_activity WHERE application_name LIKE 'bench_fanout_%' GROUP BY 1"
+        async with await psycopg.AsyncConnection.connect(b.conninfo, autocommit=True) as conn:
+            while not stop_monitor.is_set():
+                if paused[0]:
+                    await anyio.sleep(0.1)
+                    continue
+                for app, count in await (await conn.execute(q)).fetchall():
+                    key = "hub" if app.endswith("hub") else "pool"
+                    peak[key] = max(peak[key], int(count))
+                with anyio.move_on_after(0.1):
+                    await stop_monitor.wait()
+
+    async def one_tail(pool: Any, hub: runrow.NotifyHub, run_id: Any, schema: str) -> None:
+        nonlocal got_ready, got_ping, ended
+        async for ev in runrow.tail(pool, run_id, hub=hub, schema=schema):
+            if ev.type == "ready":
+                got_ready += 1
+            elif ev.type == "ping":
+                lat.append((time.monotonic() - float(ev.payload["t"])) * 1000)
+                got_ping += 1
+        ended += 1
+
+    async with (
+        b.schema("fanout") as s,
+        child(
+            "worker", conninfo=b.conninfo, schema=s, concurrency=n, pool_size=16, lease=120.0, heartbeat=30.0
+        ) as kid,
+    ):
+        await kid.expect("READY")
+        ids = await b.enqueue_many(s, n, prefix="f", content={"op": "fanout"})
+        async with await psycopg.AsyncConnection.connect(b.conninfo, autocommit=True) as conn:
+            q = sql.SQL("SELECT count(*) FROM {}.run_event WHERE type = 'ready'").format(sql.Identifier(s))
+            with anyio.fail_after(120):
+                while (await (await conn.execute(q)).fetchone() or [0])[0] < n:
+                    await anyio.sleep(0.1)
+        pool: AsyncConnectionPool[psycopg.AsyncConnection] = AsyncConnectionPool(
+            b.app_conninfo("bench_fanout_pool"),
+            min_size=1,
+            max_size=POOL_SIZE,
+            open=False,
+            kwargs={"autocommit": True},
+        )
+        await pool.open(wait=True)
+        try:
+            async with (
+                runrow.NotifyHub(b.app_conninfo("bench_fanout_hub")) as hub,
+                anyio.create_task_group() as tg,
+            ):
+                tg.start_soon(monitor)
+                for rid in ids:
+                    tg.start_soon(one_tail, pool, hub, rid, s)
+                with anyio.fail_after(120):
+                    while got_ready < n:
+                        await anyio.sleep(0.05)
+                await anyio.sleep(0.5)  # let the catch-up's last wakes settle
+                paused[0] = True
+                await anyio.sleep(0.2)
+                cpu0, t0 = time.process_time(), time.monotonic()
+                await anyio.sleep(p.fanout_idle)
+                cpu = (time.process_time() - cpu0) / (time.monotonic() - t0) * 100
+                paused[0] = False
+                await kid.send("release")
+                with anyio.fail_after(120):
+                    while got_ping < n:
+                        await anyio.sleep(0.02)
+                await kid.send("stop")
+                with anyio.fail_after(120):
+                    while ended < n:
+                        await anyio.sleep(0.05)
+                stop_monitor.set()
+        finally:
+            await pool.close()
+    return [
+        Row(
+            "fanout",
+            f"{n} tails: DB connections (peak, pool + hub)",
+            float(peak["pool"] + peak["hub"]),
+            "conns",
+            None,
+            None,
+            float(POOL_SIZE + 1),
+            f"pool max {POOL_SIZE} + 1 hub",
+            None,
+            f"<= {POOL_SIZE} + 1",
+            peak["pool"] + peak["hub"] <= POOL_SIZE + 1,
+        ),
+        Row(
+            "fanout",
+            f"{n} tails: LISTEN connections",
+            float(peak["hub"]),
+            "conns",
+            None,
+            None,
+            1.0,
+            "one NotifyHub",
+            None,
+            "1",
+            peak["hub"] == 1,
+        ),
+        Row(
+            "fanout",
+            f"{n} tails: process CPU over {p.fanout_idle:g} idle s",
+            cpu,
+            "% of a core",
+            None,
+            None,
+            None,
+            "",
+            None,
+            "<= 2%",
+            cpu <= 2.0,
+        ),
+        Row(
+            "fanout",
+            f"{n} tails: delivery p50",
+            pct(lat, 50),
+            "ms",
+            None,
+            None,
+            None,
+            "one event on each of the runs at once",
+            None,
+        ),
+        Row(
+            "fanout",
+            f"{n} tails: delivery p99",
+            pct(lat, 99),
+            "ms",
+            None,
+            None,
+            None,
+            "one event on each of the runs at once",
+            None,
+        ),
+    ]

@@ -1,0 +1,220 @@
+"""peers: pgqueuer and procrastinate draining no-op jobs on the same server, in the same run.
+
+Each peer gets its own database on the server (both install into ``public``), the jobs
+are enqueued first (untimed, in bulk), and the clock runs from the first job's start to
+the moment the peer's worker reports the queue drained, as for runrow.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import psycopg
+from lib import Bench, Row, ratio, summary
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+log = logging.getLogger("bench.peers")
+
+
+def _url(conninfo: str) -> str:
+    d = psycopg.conninfo.conninfo_to_dict(conninfo)
+    return f"postgresql://{d.get('user', 'postgres')}@{d.get('host', '127.0.0.1')}:{d.get('port', 5432)}/{d['dbname']}"
+
+
+async def pgqueuer_drain(conninfo: str, n: int, concurrency: int, batch: int) -> float:
+    """``concurrency`` pgqueuer QueueManagers (workers), each on its own connection, each
+    dequeuing ``batch`` jobs at a time, on pgqueuer's asyncpg driver (its PsycopgDriver
+    stalled here: see bench/README.md)."""
+    import asyncpg
+    from pgqueuer import AsyncpgDriver, QueueManager
+    from pgqueuer.queries import Queries
+    from pgqueuer.types import QueueExecutionMode
+
+    conns = [await asyncpg.connect(_url(conninfo)) for _ in range(concurrency)]
+    first: list[float] = []
+    done = 0
+    try:
+        setup = Queries(AsyncpgDriver(conns[0]))
+        if not await setup.schema_is_installed():
+            await setup.install()
+        await setup.clear_queue()
+        await setup.clear_queue_log()
+        for i in range(0, n, 1000):
+            k = min(1000, n - i)
+            await setup.enqueue(["noop"] * k, [None] * k, [0] * k)
+        managers = []
+        for conn in conns:
+            qm = QueueManager(Queries(AsyncpgDriver(conn)))
+
+            @qm.entrypoint("noop")
+            async def noop(job: Any) -> None:
+                nonlocal done
+                if not first:
+                    first.append(time.monotonic())
+                done += 1
+
+            managers.append(qm)
+        with anyio.fail_after(120):
+            async with anyio.create_task_group() as tg:
+                for qm in managers:
+                    tg.start_soon(
+                        functools.partial(
+                            qm.run,
+                            mode=QueueExecutionMode.drain,
+                            batch_size=batch,
+                            dequeue_timeout=timedelta(seconds=1),
+                            log_aggregation_interval=timedelta(0),
+                        )
+                    )
+        end = time.monotonic()
+    finally:
+        for conn in conns:
+            await conn.close()
+    if done != n:
+        raise RuntimeError(f"pgqueuer ran {done} of {n} jobs")
+    return n / (end - first[0])
+
+
+async def procrastinate_drain(conninfo: str, n: int, concurrency: int) -> float:
+    import procrastinate
+
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=conninfo))
+    first: list[float] = []
+    done = 0
+
+    @app.task(name="noop")
+    async def noop() -> None:
+        nonlocal done
+        if not first:
+            first.append(time.monotonic())
+        done += 1
+
+    async with app.open_async():
+        async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
+            cur = await conn.execute("SELECT to_regclass('procrastinate_jobs') IS NOT NULL")
+            row = await cur.fetchone()
+            installed = bool(row and row[0])
+        if not installed:
+            await app.schema_manager.apply_schema_async()
+        async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
+            await conn.execute("TRUNCATE procrastinate_jobs CASCADE")
+        for i in range(0, n, 500):
+            await noop.batch_defer_async(*[{} for _ in range(min(500, n - i))])
+        with anyio.fail_after(120):
+            await app.run_worker_async(
+                concurrency=concurrency,
+                wait=False,
+                install_signal_handlers=False,
+                listen_notify=True,
+                delete_jobs="never",
+            )
+        end = time.monotonic()
+    if done != n:
+        raise RuntimeError(f"procrastinate ran {done} of {n} jobs")
+    return n / (end - first[0])
+
+
+def _available(module: str) -> bool:
+    try:
+        __import__(module)
+    except ImportError:
+        return False
+    return True
+
+
+async def peers(b: Bench, earlier: list[Row]) -> tuple[list[Row], dict[str, Any]]:
+    """Each peer's drain rate; ratio = runrow's throughput_core at that concurrency / the peer."""
+    p = b.profile
+    dsn: dict[str, str] = b.peer_conninfo  # type: ignore[attr-defined]
+    core = {r.case: r.value for r in earlier if r.scenario == "throughput_core"}
+    configs: list[tuple[str, str, Callable[[int], Awaitable[float]]]] = []
+    for c in p.peer_concurrencies:
+        configs.append(
+            ("pgqueuer b1", f"c={c}", lambda c=c: pgqueuer_drain(dsn["pgqueuer"], p.peer_jobs, c, 1))
+        )
+        configs.append(
+            ("pgqueuer b10", f"c={c}", lambda c=c: pgqueuer_drain(dsn["pgqueuer"], p.peer_jobs, c, 10))
+        )
+        configs.append(
+            ("procrastinate", f"c={c}", lambda c=c: procrastinate_drain(dsn["procrastinate"], p.peer_jobs, c))
+        )
+    rows: list[Row] = []
+    plot: dict[str, Any] = {}
+    runnable = []
+    for name, case, fn in configs:
+        module = name.split()[0]
+        if not _available(module) or (module == "pgqueuer" and not _available("asyncpg")):
+            rows.append(
+                Row(
+                    "peers",
+                    f"{name} {case}",
+                    None,
+                    "jobs/s",
+                    note=f"{module} not installed: pip install -e '.[bench]'",
+                )
+            )
+            continue
+        runnable.append((name, case, fn))
+    results: dict[tuple[str, str], list[float]] = {(n, c): [] for n, c, _ in runnable}
+    for rep in range(p.reps):
+        order = runnable if rep % 2 == 0 else list(reversed(runnable))
+        for name, case, fn in order:
+            c = int(case.split("=")[1])
+            try:
+                results[(name, case)].append(await fn(c))
+            except Exception as exc:
+                log.exception("peer %s %s failed", name, case)
+                results[(name, case)].append(float("nan"))
+                rows.append(
+                    Row("peers", f"{name} {case} rep {rep}", None, "jobs/s", note=f"failed: {exc}"[:160])
+                )
+    best: dict[str, float] = {}
+    for (name, case), vals in results.items():
+        vals = [v for v in vals if v == v]
+        if not vals:
+            continue
+        med, lo, hi = summary(vals)
+        runrow_rate = core.get(case)
+        c = int(case.split("=")[1])
+        plot.setdefault(name, {})[c] = med
+        best[case] = max(best.get(case, 0.0), med)
+        rows.append(
+            Row(
+                "peers",
+                f"{name} {case}",
+                med,
+                "jobs/s",
+                lo,
+                hi,
+                runrow_rate,
+                f"runrow {case}",
+                ratio(runrow_rate, med),
+                samples=vals,
+            )
+        )
+    for case, peak in best.items():
+        runrow_rate = core.get(case)
+        r = ratio(runrow_rate, peak)
+        rows.append(
+            Row(
+                "peers",
+                f"best peer {case}",
+                peak,
+                "jobs/s",
+                None,
+                None,
+                runrow_rate,
+                f"runrow {case}",
+                r,
+                ">= 1.5 x best peer",
+                None if r is None else r >= 1.5,
+            )
+        )
+    return rows, {"peers": plot, **plot}

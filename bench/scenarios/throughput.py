@@ -1,0 +1,349 @@
+"""enqueue, throughput_core and throughput_full: runrow against bare psycopg loops of the same SQL."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import psycopg
+from lib import Bench, Row, channels, child, poll_until, ratio, statement, summary
+
+import runrow
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+# -- enqueue ----------------------------------------------------------------------------
+
+
+async def _connections(conninfo: str, n: int) -> list[psycopg.AsyncConnection]:
+    return [await psycopg.AsyncConnection.connect(conninfo, autocommit=True) for _ in range(n)]
+
+
+async def enqueue_runrow(b: Bench, schema: str, n: int, conns: int) -> float:
+    cs = await _connections(b.conninfo, conns)
+    try:
+
+        async def worker(k: int) -> None:
+            for i in range(k, n, conns):
+                await runrow.enqueue(cs[k], conversation_id=f"e{i}", user_id="u", content="hi", schema=schema)
+
+        t0 = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            for k in range(conns):
+                tg.start_soon(worker, k)
+        return n / (time.perf_counter() - t0)
+    finally:
+        for c in cs:
+            await c.close()
+
+
+async def enqueue_bare(b: Bench, schema: str, n: int, conns: int) -> float:
+    """The same enqueue statement (message + run + seq 1-2 + pg_notify), one autocommit round trip."""
+    q = statement("enqueue", schema)
+    wake = channels(schema).wake
+    cs = await _connections(b.conninfo, conns)
+    try:
+
+        async def worker(k: int) -> None:
+            for i in range(k, n, conns):
+                await cs[k].execute(
+                    q,
+                    {
+                        "conversation_id": f"e{i}",
+                        "user_id": "u",
+                        "tenant_id": None,
+                        "idempotency_key": None,
+                        "content": '"hi"',
+                        "request": None,
+                        "wake_channel": wake,
+                    },
+                )
+
+        t0 = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            for k in range(conns):
+                tg.start_soon(worker, k)
+        return n / (time.perf_counter() - t0)
+    finally:
+        for c in cs:
+            await c.close()
+
+
+async def enqueue(b: Bench) -> list[Row]:
+    p = b.profile
+    rows = []
+    for conns in (1, 8):
+        rr: list[float] = []
+        bare: list[float] = []
+        for rep in range(p.reps + 1):
+            order: list[tuple[list[float], Any]] = [(rr, enqueue_runrow), (bare, enqueue_bare)]
+            if rep % 2:
+                order.reverse()
+            for sink, fn in order:
+                async with b.schema("enq") as s:
+                    sink.append(await fn(b, s, p.enqueue_runs, conns))
+        rr, bare = rr[1:], bare[1:]  # the first round warms the server up
+        med, lo, hi = summary(rr)
+        base = summary(bare)[0]
+        rows.append(
+            Row(
+                "enqueue",
+                f"{conns} conn",
+                med,
+                "runs/s",
+                lo,
+                hi,
+                base,
+                "bare INSERT+pg_notify",
+                ratio(med, base),
+                samples=rr,
+            )
+        )
+    return rows
+
+
+# -- draining: runrow ---------------------------------------------------------------------
+
+
+async def drain_runrow(
+    b: Bench, schema: str, n: int, concurrency: int, op: str, profiler: Any = None
+) -> float:
+    """Enqueues ``n`` runs, then times one Dispatcher draining them (first start -> last ending)."""
+    await _enqueue_ops(b, schema, n, op)
+    if profiler is not None:
+        profiler.start()
+    t_first: list[float] = []
+
+    async def agent(run: runrow.RunContext) -> None:
+        if not t_first:
+            t_first.append(time.monotonic())
+        if op == "full":
+            await run.text("x")
+            await run.emit({"type": "tool_call", "name": "noop"})
+
+    async with runrow.Dispatcher(b.conninfo, agent, schema=schema, concurrency=concurrency, poll=1.0) as d:
+        await poll_until(lambda: d.stats["completed"] + d.stats["failed"] >= n, timeout=300)
+        t_end = time.monotonic()
+        if profiler is not None:
+            profiler.stop()
+        if d.stats["failed"]:
+            raise RuntimeError(f"{d.stats['failed']} runs failed in the throughput benchmark")
+    return n / (t_end - t_first[0])
+
+
+async def drain_runrow_procs(b: Bench, schema: str, n: int, concurrency: int, procs: int, op: str) -> float:
+    await _enqueue_ops(b, schema, n, op)
+    per = concurrency // procs
+    async with contextlib.AsyncExitStack() as stack:
+        kids = [
+            await stack.enter_async_context(
+                child("worker", conninfo=b.conninfo, schema=schema, concurrency=per, poll=1.0, wait_go=True)
+            )
+            for _ in range(procs)
+        ]
+        for k in kids:
+            await k.expect("READY")
+        for k in kids:
+            await k.send("go")
+        await b.wait_drained(schema, timeout=300)
+        results = []
+        for k in kids:
+            await k.send("stop")
+            results.append(await k.result())
+    first = min(r["t_first"] for r in results if r["t_first"])
+    last = max(r["t_last"] for r in results if r["t_last"])
+    return n / (last - first)
+
+
+async def _enqueue_ops(b: Bench, schema: str, n: int, op: str) -> None:
+    conns = await _connections(b.conninfo, 8)
+    try:
+
+        async def worker(k: int) -> None:
+            for i in range(k, n, 8):
+                await runrow.enqueue(
+                    conns[k], conversation_id=f"t{i}", user_id="u", content={"op": op}, schema=schema
+                )
+
+        async with anyio.create_task_group() as tg:
+            for k in range(8):
+                tg.start_soon(worker, k)
+    finally:
+        for c in conns:
+            await c.close()
+
+
+# -- draining: the bare-SQL loops ---------------------------------------------------------
+
+
+async def drain_bare(b: Bench, schema: str, n: int, workers: int, batch: int, op: str) -> float:
+    """``workers`` connections, each: claim up to ``batch``, (append 2 events each,) finalize them.
+
+    The statements are runrow's own (sql/runs.sql claim and finalize, sql/journal.sql
+    append_events), sent with plain psycopg on autocommit connections: one round trip each.
+    """
+    await _enqueue_ops(b, schema, n, op)
+    claim = statement("claim", schema)
+    finalize = statement("finalize", schema)
+    append = statement("append_events", schema)
+    ch = channels(schema)
+    conns = await _connections(b.conninfo, workers)
+    done = 0
+
+    async def worker(conn: psycopg.AsyncConnection) -> None:
+        nonlocal done
+        while True:
+            cur = await conn.execute(
+                claim, {"limit": batch, "lease_seconds": 30.0, "worker_id": "bare", "now": None}
+            )
+            got = await cur.fetchall()
+            if not got:
+                return
+            ids = [r[0] for r in got]
+            tokens = [r[1] for r in got]
+            seq = [int(r[-1]) + 1 for r in got]
+            if op == "full":
+                await conn.execute(
+                    append,
+                    {
+                        "runs": [i for i in ids for _ in range(2)],
+                        "tokens": [t for t in tokens for _ in range(2)],
+                        "seqs": [s + k for s in seq for k in range(2)],
+                        "types": ["content_delta", "tool_call"] * len(ids),
+                        "payloads": ['{"delta": "x"}', '{"name": "noop"}'] * len(ids),
+                        "events_prefix": ch.events_prefix,
+                    },
+                )
+                seq = [s + 2 for s in seq]
+            cur = await conn.execute(
+                finalize,
+                {
+                    "ids": ids,
+                    "tokens": tokens,
+                    "statuses": ["completed"] * len(ids),
+                    "errors": [None] * len(ids),
+                    "partials": ["x" if op == "full" else None] * len(ids),
+                    "ev_runs": ids,
+                    "ev_seqs": seq,
+                    "ev_types": ["complete"] * len(ids),
+                    "ev_payloads": ['{"status": "completed"}'] * len(ids),
+                    "events_prefix": ch.events_prefix,
+                    "wake_channel": ch.wake,
+                },
+            )
+            done += len(await cur.fetchall())
+
+    try:
+        t0 = time.monotonic()
+        async with anyio.create_task_group() as tg:
+            for c in conns:
+                tg.start_soon(worker, c)
+        elapsed = time.monotonic() - t0
+    finally:
+        for c in conns:
+            await c.close()
+    if done != n:
+        raise RuntimeError(f"bare loop finished {done} of {n} runs")
+    return n / elapsed
+
+
+# -- the scenarios ------------------------------------------------------------------------
+
+
+def _cases(concurrencies: tuple[int, ...]) -> list[tuple[str, int, int]]:
+    """(label, concurrency, processes)."""
+    return [(f"c={c}", c, 1) for c in concurrencies] + [("c=16 (2 procs x 8)", 16, 2)]
+
+
+async def _interleaved(b: Bench, tag: str, fns: list[Callable[[str], Awaitable[float]]]) -> list[list[float]]:
+    """Runs each measurement ``reps`` times, alternating their order, each on a fresh schema."""
+    out: list[list[float]] = [[] for _ in fns]
+    for rep in range(b.profile.reps):
+        order = list(range(len(fns)))
+        if rep % 2:
+            order.reverse()
+        for i in order:
+            async with b.schema(tag) as s:
+                out[i].append(await fns[i](s))
+    return out
+
+
+async def throughput(b: Bench, op: str, concurrencies: tuple[int, ...]) -> tuple[list[Row], dict[str, Any]]:
+    """Rows for throughput_core (op 'noop') or throughput_full (op 'full'), and the plot's data."""
+    p = b.profile
+    scenario = "throughput_core" if op == "noop" else "throughput_full"
+    rows: list[Row] = []
+    plot: dict[str, Any] = {"runrow": {}, "bare": {}, "bare_batched": {}}
+    # A short warm-up so the first measured case does not pay for cold caches.
+    async with b.schema("warm") as s:
+        await drain_runrow(b, s, min(200, p.runs), 4, op)
+    n = p.runs
+    for label, c, procs in _cases(concurrencies):
+
+        def rr(s: str, c: int = c, procs: int = procs) -> Awaitable[float]:
+            if procs == 1:
+                return drain_runrow(b, s, n, c, op)
+            return drain_runrow_procs(b, s, n, c, procs, op)
+
+        def bare(s: str, c: int = c) -> Awaitable[float]:
+            return drain_bare(b, s, n, c, 1, op)
+
+        fns: list[Callable[[str], Awaitable[float]]] = [rr, bare]
+        batched_wanted = op == "noop" and procs == 1
+        if batched_wanted:
+
+            def batched(s: str, c: int = c) -> Awaitable[float]:
+                return drain_bare(b, s, n, c, 10, op)
+
+            fns.append(batched)
+        res = await _interleaved(b, "tp", fns)
+        med, lo, hi = summary(res[0])
+        base = summary(res[1])[0]
+        goal, met = "", None
+        if op == "full" and c == 4 and procs == 1:
+            goal, met = ">= 0.6 x bare", (med / base) >= 0.6
+        rows.append(
+            Row(
+                scenario,
+                label,
+                med,
+                "runs/s",
+                lo,
+                hi,
+                base,
+                "bare claim-1 + finalize loop",
+                ratio(med, base),
+                goal,
+                met,
+                samples=res[0],
+            )
+        )
+        if procs == 1:
+            plot["runrow"][c] = med
+            plot["bare"][c] = base
+        if batched_wanted:
+            bmed, blo, bhi = summary(res[2])
+            plot["bare_batched"][c] = bmed
+            goal, met = "", None
+            if c == 4:
+                goal, met = ">= 0.5 x batched ceiling", (med / bmed) >= 0.5
+            rows.append(
+                Row(
+                    scenario,
+                    f"{label} vs bare batched",
+                    med,
+                    "runs/s",
+                    lo,
+                    hi,
+                    bmed,
+                    f"bare claim-10 + finalize-10 ({blo:.0f}-{bhi:.0f})",
+                    ratio(med, bmed),
+                    goal,
+                    met,
+                    samples=res[0],
+                )
+            )
+    return rows, plot
