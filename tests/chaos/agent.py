@@ -18,6 +18,7 @@ the side effects), ``CHAOS_SCHEMA`` (the chaos tables) and ``CHAOS_HOOK_DIR``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import uuid
@@ -102,8 +103,7 @@ async def agent(run: RunContext) -> None:
             await _hook(run, request, "stall")
         await anyio.sleep(delay)
     if request.get("message"):
-        try:
+        # On an unknown outcome, never write the transcript message a second time.
+        with contextlib.suppress(psycopg.OperationalError):
             await run.write_message({"text": f"answer to {run.content!r}"})
-        except psycopg.OperationalError:
-            pass  # unknown whether it landed; never write a transcript message twice
     await _hook(run, request, "before_terminal")

@@ -364,7 +364,7 @@ def evaluate(snap: Snapshot, transcripts: list[Transcript]) -> CheckResult:
             v["tails_saw_exact_journal"].append(
                 f"tail of {rid} ({tr.resumes} resumes): saw seqs {gs[:40]}, journal has "
                 f"{[e[0] for e in expected][:40]}; duplicates {dup[:10]}, missing {gap[:10]}"
-                + ("" if dup or gap or gs != [e[0] for e in expected] else "; payloads differ")
+                + _first_difference(got, expected)
             )
 
     # 8. stops: running turns end cancelled/completed within the bound; queued turns never start.
@@ -463,6 +463,13 @@ def evaluate(snap: Snapshot, transcripts: list[Transcript]) -> CheckResult:
         recovery_by_kind=dict(recovery_by_kind),
         stop_seconds=stop_seconds,
     )
+
+
+def _first_difference(got: list[Any], expected: list[Any]) -> str:
+    for g, e in zip(got, expected, strict=False):
+        if g != e:
+            return f"; first difference at seq {e[0]}: saw {g!r:.200}, journal {e!r:.200}"
+    return ""
 
 
 def _ending_reason(snap: Snapshot, run_id: uuid.UUID) -> str | None:

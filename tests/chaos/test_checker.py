@@ -280,7 +280,7 @@ async def test_tail_with_gap_duplicate_or_unfinished(world: World) -> None:
         (gap, "missing [3]"),
         (dup, "duplicates [3]"),
         (cut, "never reached"),
-        (changed, "payloads differ"),
+        (changed, "first difference at seq 1"),
     ):
         result = await world.check([*world.transcripts, bad])
         assert failing(result) == {"tails_saw_exact_journal"}, words
