@@ -145,9 +145,9 @@ class CheckResult:
 async def load(conn: AsyncConnection, schema: str, chaos_schema: str) -> Snapshot:
     """Reads the whole state the checker judges (runrow's tables and the chaos tables)."""
 
-    async def q(query: sql.Composable) -> list[tuple[Any, ...]]:
+    async def q(query: sql.Composed) -> list[tuple[Any, ...]]:
         cur = await conn.execute(query)
-        return await cur.fetchall()
+        return list(await cur.fetchall())
 
     meta = {
         k: v for k, v in await q(sql.SQL("SELECT key, value FROM {}").format(ident(chaos_schema, "meta")))
@@ -258,22 +258,22 @@ def evaluate(snap: Snapshot, transcripts: list[Transcript]) -> CheckResult:
 
     # 1. exactly one terminal state per run, and 2. terminal states never change.
     for run in snap.runs.values():
-        life = lives.get(run.id)
+        rl = lives.get(run.id)
         if run.status not in TERMINAL:
             v["exactly_one_terminal_state"].append(f"run {run.id} ({run.conversation_id}) ended {run.status}")
-        if life is None or life.inserted is None:
+        if rl is None or rl.inserted is None:
             v["exactly_one_terminal_state"].append(f"run {run.id}: no insert in the transition log")
             continue
-        if run.status in TERMINAL and len(life.terminal) != 1:
+        if run.status in TERMINAL and len(rl.terminal) != 1:
             v["exactly_one_terminal_state"].append(
-                f"run {run.id}: {len(life.terminal)} transitions into a terminal state "
-                f"(seqs {[t.seq for t in life.terminal]})"
+                f"run {run.id}: {len(rl.terminal)} transitions into a terminal state "
+                f"(seqs {[t.seq for t in rl.terminal]})"
             )
-        if life.last_status != run.status:
+        if rl.last_status != run.status:
             v["exactly_one_terminal_state"].append(
-                f"run {run.id}: row says {run.status}, transition log ends {life.last_status}"
+                f"run {run.id}: row says {run.status}, transition log ends {rl.last_status}"
             )
-        for t in life.changed_after_terminal:
+        for t in rl.changed_after_terminal:
             v["terminal_states_never_changed"].append(
                 f"run {run.id}: {t.old_status} -> {t.new_status} at seq {t.seq} ({t.at.isoformat()})"
             )
@@ -382,12 +382,12 @@ def evaluate(snap: Snapshot, transcripts: list[Transcript]) -> CheckResult:
                 if r.status not in ("cancelled", "completed"):
                     v["stops_honoured"].append(f"stop {st.id}: running run {r.id} ended {r.status}")
                 if life.terminal:
-                    end = life.terminal[0].at
-                    took = _secs(st.at, end)
+                    ended_at = life.terminal[0].at
+                    took = _secs(st.at, ended_at)
                     stop_seconds.append(took)
                     reaped = _ending_reason(snap, r.id) == "worker_lost"
                     bound = (lease + grace + tick if reaped else 2 * heartbeat + tick) + slack
-                    bound += outage_within(st.at, end)
+                    bound += outage_within(st.at, ended_at)
                     if took > bound:
                         v["stops_honoured"].append(
                             f"stop {st.id}: run {r.id} ended {r.status} {took:.2f}s after the stop "
@@ -410,27 +410,27 @@ def evaluate(snap: Snapshot, transcripts: list[Transcript]) -> CheckResult:
     recovery_by_kind: dict[str, list[float]] = defaultdict(list)
     for f in snap.faults:
         for victim in f.victims:
-            t = by_seq_terminal_at.get(victim)
-            if t is None:
+            end = by_seq_terminal_at.get(victim)
+            if end is None:
                 v["recovery_bounded"].append(f"{f.kind} at {f.at.isoformat()}: victim {victim} never ended")
                 continue
-            took = max(0.0, _secs(f.at, t.at))
+            took = max(0.0, _secs(f.at, end.at))
             recovery.append(took)
             recovery_by_kind[f.kind].append(took)
-            bound = lease + grace + tick + slack + outage_within(f.at, t.at)
+            bound = lease + grace + tick + slack + outage_within(f.at, end.at)
             if took > bound:
                 v["recovery_bounded"].append(
-                    f"{f.kind} at {f.at.isoformat()}: victim {victim} ended {t.new_status} after "
+                    f"{f.kind} at {f.at.isoformat()}: victim {victim} ended {end.new_status} after "
                     f"{took:.2f}s (bound {bound:.2f}s)"
                 )
     for run in snap.runs.values():
         if _ending_reason(snap, run.id) != "worker_lost":
             continue
-        t = by_seq_terminal_at.get(run.id)
-        if t is None or t.old_claim_expires_at is None:
+        end = by_seq_terminal_at.get(run.id)
+        if end is None or end.old_claim_expires_at is None:
             continue
-        late = _secs(t.old_claim_expires_at, t.at)
-        bound = grace + tick + slack + outage_within(t.old_claim_expires_at, t.at)
+        late = _secs(end.old_claim_expires_at, end.at)
+        bound = grace + tick + slack + outage_within(end.old_claim_expires_at, end.at)
         if late > bound:
             v["recovery_bounded"].append(
                 f"run {run.id} ({run.conversation_id}) reaped {late:.2f}s after its lease expired "

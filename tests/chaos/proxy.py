@@ -34,7 +34,6 @@ class Proxy:
         self.accepted = 0
         self.cuts = 0
         self._pairs: set[_Pair] = set()
-        self._listener: anyio.abc.SocketListener | None = None
 
     @property
     def open_connections(self) -> int:
@@ -42,9 +41,9 @@ class Proxy:
 
     async def start(self, tg: TaskGroup) -> int:
         """Starts listening on 127.0.0.1 (a free port); serves in ``tg``. Returns the port."""
-        self._listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
-        self.port = int(self._listener.extra(anyio.abc.SocketAttribute.local_port))
-        tg.start_soon(self._listener.serve, self._handle)
+        listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+        self.port = int(listener.extra(anyio.abc.SocketAttribute.local_port))
+        tg.start_soon(listener.serve, self._handle)
         return self.port
 
     def cut(self, fraction: float = 1.0, rng: random.Random | None = None) -> int:

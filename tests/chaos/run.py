@@ -30,7 +30,10 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncGenerator
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
@@ -199,9 +202,7 @@ class Chaos:
 
     async def sql(self, query: str, params: Any = None, *, attempts: int = 50) -> list[tuple[Any, ...]]:
         """One statement on the runner's pool, retried through restarts (bounded)."""
-        q = sql.SQL(query).format(  # type: ignore[arg-type]
-            run=ident(SCHEMA, "agent_run"), c=sql.Identifier(CHAOS)
-        )
+        q = sql.SQL(query).format(run=ident(SCHEMA, "agent_run"), c=sql.Identifier(CHAOS))
         for attempt in range(attempts):
             try:
                 async with self.pool.connection() as conn:
@@ -347,8 +348,11 @@ class Chaos:
             hub = self.hub if self.notify_on else None
             try:
                 async with contextlib.aclosing(
-                    runrow.tail(
-                        self.pool, run_id, from_seq=cursor, hub=hub, poll=0.5, keepalive=5, schema=SCHEMA
+                    cast(
+                        "AsyncGenerator[runrow.Event, None]",
+                        runrow.tail(
+                            self.pool, run_id, from_seq=cursor, hub=hub, poll=0.5, keepalive=5, schema=SCHEMA
+                        ),
                     )
                 ) as events:
                     async for ev in events:
@@ -706,7 +710,7 @@ async def dump_evidence(conn: AsyncConnection, result: Any, path: Path) -> None:
             ("journal", "SELECT seq, type, payload, created_at FROM {ev} WHERE run_id = %s ORDER BY seq"),
             ("side_effects", "SELECT * FROM {c}.side_effect WHERE run_id = %s ORDER BY step"),
         ):
-            q = sql.SQL(query).format(  # type: ignore[arg-type]
+            q = sql.SQL(query).format(
                 run=ident(SCHEMA, "agent_run"), ev=ident(SCHEMA, "run_event"), c=sql.Identifier(CHAOS)
             )
             cur = conn.cursor(row_factory=psycopg.rows.dict_row)

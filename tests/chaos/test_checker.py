@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 import psycopg
@@ -23,7 +23,7 @@ from tests.chaos.checker import INVARIANTS, CheckResult, Transcript, check
 from tests.chaos.schema import ident, install, record_side_effect, stop_and_log
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncGenerator, AsyncIterator
 
 pytestmark = pytest.mark.anyio
 
@@ -45,7 +45,7 @@ class World:
         )
 
     async def execute(self, query: str, params: Any = None) -> list[tuple[Any, ...]]:
-        q = sql.SQL(query).format(  # type: ignore[arg-type]
+        q = sql.SQL(query).format(
             run=ident(self.schema, "agent_run"),
             ev=ident(self.schema, "run_event"),
             c=sql.Identifier(self.chaos),
@@ -94,9 +94,8 @@ async def _follow(dsn: str, schema: str, run_id: uuid.UUID, *, cut_after: int | 
     tr = Transcript(str(run_id))
     cursor = 0
     while not tr.finished:
-        async with contextlib.aclosing(
-            runrow.tail(dsn, run_id, from_seq=cursor, schema=schema, poll=0.05)
-        ) as ev_iter:
+        events = runrow.tail(dsn, run_id, from_seq=cursor, schema=schema, poll=0.05)
+        async with contextlib.aclosing(cast("AsyncGenerator[runrow.Event, None]", events)) as ev_iter:
             async for ev in ev_iter:
                 if ev.keepalive:
                     continue
