@@ -136,6 +136,7 @@ class CheckResult:
     recovery_seconds: list[float]
     recovery_by_kind: dict[str, list[float]]
     stop_seconds: list[float]
+    reap_lateness_seconds: list[float]
 
     @property
     def ok(self) -> bool:
@@ -371,6 +372,11 @@ def evaluate(snap: Snapshot, transcripts: list[Transcript]) -> CheckResult:
     stop_seconds: list[float] = []
     for st in snap.stops:
         cancelled, asked = set(st.cancelled), set(st.cancel_requested)
+        for rid in cancelled:
+            if lives[rid].run_seq is not None or (rid in snap.runs and snap.runs[rid].status != "cancelled"):
+                v["stops_honoured"].append(
+                    f"stop {st.id}: run {rid}, cancelled before it started, started or ended otherwise"
+                )
         for r in by_conv.get(st.conversation_id, []):
             life = lives[r.id]
             if life.inserted is None or life.inserted > st.seq or life.term_seq < st.seq:
@@ -408,6 +414,7 @@ def evaluate(snap: Snapshot, transcripts: list[Transcript]) -> CheckResult:
     # 9. recovery: a dead worker's runs end within lease + grace + one tick (+ outages).
     recovery: list[float] = []
     recovery_by_kind: dict[str, list[float]] = defaultdict(list)
+    reap_lateness: list[float] = []
     for f in snap.faults:
         for victim in f.victims:
             end = by_seq_terminal_at.get(victim)
@@ -430,6 +437,7 @@ def evaluate(snap: Snapshot, transcripts: list[Transcript]) -> CheckResult:
         if end is None or end.old_claim_expires_at is None:
             continue
         late = _secs(end.old_claim_expires_at, end.at)
+        reap_lateness.append(late)
         bound = grace + tick + slack + outage_within(end.old_claim_expires_at, end.at)
         if late > bound:
             v["recovery_bounded"].append(
@@ -462,6 +470,7 @@ def evaluate(snap: Snapshot, transcripts: list[Transcript]) -> CheckResult:
         recovery_seconds=recovery,
         recovery_by_kind=dict(recovery_by_kind),
         stop_seconds=stop_seconds,
+        reap_lateness_seconds=reap_lateness,
     )
 
 

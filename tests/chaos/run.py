@@ -687,6 +687,7 @@ def build_report(
         if result is None
         else {k: summary(v) for k, v in sorted(result.recovery_by_kind.items())},
         "stop_seconds": summary([] if result is None else result.stop_seconds),
+        "reap_lateness_seconds": summary([] if result is None else result.reap_lateness_seconds),
         "invariants": invariants,
         "violation_counts": {} if result is None else result.violation_counts,
         "violations": {} if result is None else result.violations,

@@ -352,3 +352,14 @@ async def test_victim_of_a_killed_worker_ended_late(world: World) -> None:
     result = await world.check()
     assert failing(result) == {"recovery_bounded"}
     assert result.recovery_by_kind["kill_mid_stream"][0] > 50
+
+
+async def test_stop_reported_a_cancel_that_did_not_hold(world: World) -> None:
+    rid = world.completed[0]
+    await world.execute(
+        "INSERT INTO {c}.stop_log (id, conversation_id, cancelled, cancel_requested) VALUES (%s, 'a', %s, '{{}}')",
+        (uuid.uuid4(), [rid]),
+    )
+    result = await world.check()
+    assert failing(result) == {"stops_honoured"}
+    assert "cancelled before it started" in result.violations["stops_honoured"][0]
