@@ -582,8 +582,8 @@ class Chaos:
                 await self.switch_notify(False, tg)
                 await anyio.sleep_until(start + b * self.prof.load_seconds)
                 await self.switch_notify(True, tg)
-            self.log("notifications back on")
-            await self.record_fault("notify_off", at, ended_at=now())
+                self.log("notifications back on")
+                await self.record_fault("notify_off", at, ended_at=now())
 
     # -- the whole run ------------------------------------------------------------------
 
