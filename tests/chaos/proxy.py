@@ -1,0 +1,88 @@
+"""A small TCP proxy between the workers and PostgreSQL that can cut or delay connections.
+
+``cut(fraction)`` closes that share of the open connections (both sides, at once);
+``delay = seconds`` holds every chunk that long before forwarding it, in both
+directions, until set back to 0. A connection attempt while the server is down is
+closed at once, as the server itself would refuse it.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import TYPE_CHECKING
+
+import anyio
+import anyio.abc
+
+if TYPE_CHECKING:
+    from anyio.abc import SocketStream, TaskGroup
+
+
+class _Pair:
+    __slots__ = ("scope",)
+
+    def __init__(self) -> None:
+        self.scope = anyio.CancelScope()
+
+
+class Proxy:
+    def __init__(self, upstream_host: str, upstream_port: int) -> None:
+        self.upstream_host = upstream_host
+        self.upstream_port = upstream_port
+        self.port = 0
+        self.delay = 0.0
+        self.accepted = 0
+        self.cuts = 0
+        self._pairs: set[_Pair] = set()
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._pairs)
+
+    async def start(self, tg: TaskGroup) -> int:
+        """Starts listening on 127.0.0.1 (a free port); serves in ``tg``. Returns the port."""
+        listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+        self.port = int(listener.extra(anyio.abc.SocketAttribute.local_port))
+        tg.start_soon(listener.serve, self._handle)
+        return self.port
+
+    def cut(self, fraction: float = 1.0, rng: random.Random | None = None) -> int:
+        """Closes ``fraction`` of the open connections; returns how many."""
+        pairs = list(self._pairs)
+        rng = rng or random.Random()
+        chosen = [p for p in pairs if rng.random() < fraction] if fraction < 1.0 else pairs
+        for p in chosen:
+            p.scope.cancel()
+        self.cuts += len(chosen)
+        return len(chosen)
+
+    async def _handle(self, client: SocketStream) -> None:
+        self.accepted += 1
+        pair = _Pair()
+        async with client:
+            try:
+                with anyio.fail_after(5):
+                    upstream = await anyio.connect_tcp(self.upstream_host, self.upstream_port)
+            except (OSError, TimeoutError):
+                return
+            async with upstream:
+                self._pairs.add(pair)
+                try:
+                    with pair.scope:
+                        async with anyio.create_task_group() as tg:
+                            tg.start_soon(self._pump, client, upstream, tg)
+                            tg.start_soon(self._pump, upstream, client, tg)
+                finally:
+                    self._pairs.discard(pair)
+
+    async def _pump(self, src: SocketStream, dst: SocketStream, tg: TaskGroup) -> None:
+        try:
+            while True:
+                data = await src.receive(65536)
+                if self.delay > 0:
+                    await anyio.sleep(self.delay)
+                await dst.send(data)
+        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            pass
+        # One side ended: end the whole pair.
+        tg.cancel_scope.cancel()
