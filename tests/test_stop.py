@@ -220,3 +220,37 @@ async def test_stop_racing_the_running_turn_finishing_200_times(
                 kinds["finished before"] += 1
     # The race really happened: every kind of outcome showed up.
     assert all(kinds.values()), kinds
+
+
+async def test_a_stop_that_lands_during_a_drain_still_ends_the_run_cancelled(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    unwinding = anyio.Event()
+    gate = anyio.Event()
+
+    async def agent(run: runrow.RunContext) -> None:
+        try:
+            await anyio.sleep_forever()
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):  # a slow clean-up after the drain's cut
+                unwinding.set()
+                await gate.wait()
+            raise
+
+    d = runrow.Dispatcher(dsn, agent, schema=schema, **FAST)
+    async with d:
+        run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
+        await wait_for(lambda: run.id in d.in_flight, what="running")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(d.stop, 0.05)  # the drain budget runs out at once
+            await unwinding.wait()
+            try:
+                await runrow.stop_conversation(dsn, "c", schema=schema)  # the user presses Stop
+                await wait_for(
+                    lambda: d._active[run.id].reason == "cancel", timeout=5, what="the stop to be seen"
+                )
+            finally:
+                gate.set()
+    assert await status_of(conn, schema, run.id) == "cancelled"
+    evs = await assert_journal_sound(conn, schema, run.id)
+    assert evs[-1][2] == {"status": "cancelled", "reason": "stopped"}

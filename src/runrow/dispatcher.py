@@ -724,7 +724,9 @@ class Dispatcher:
             self._cancel(active, "lost")
 
     def _cancel(self, active: _Active, reason: _Reason) -> None:
-        if active.reason is None or reason == "lost":
+        # A lost claim trumps everything (nothing may be written); a stop trumps a drain
+        # (the user asked for it: the run ends cancelled, not worker_shutdown).
+        if active.reason is None or reason == "lost" or (reason == "cancel" and active.reason == "drain"):
             active.reason = reason
         if reason == "cancel" and active.ctx is not None:
             active.ctx.cancel_requested = True
