@@ -85,6 +85,9 @@ FROM {schema}.agent_run
 WHERE user_id = %(user_id)s AND idempotency_key = %(idempotency_key)s
 
 -- name: claim
+-- (Claim times use clock_timestamp(), read after the statement's snapshot, not now(), the
+-- transaction's start: a claim that saw the previous turn's ending must also be stamped
+-- after it.)
 -- The fair claim: up to %(limit)s runs in one statement, fairly across tenants.
 -- Eligible: queued, due (not_before <= now), the oldest queued turn of its conversation,
 -- no turn of that conversation running, and its tenant below its max_running cap.
@@ -175,11 +178,11 @@ WITH RECURSIVE tenants (tenant_key) AS (
 UPDATE {schema}.agent_run a SET
     status            = 'running',
     claim_token       = gen_random_uuid(),
-    claim_expires_at  = coalesce(%(now)s::timestamptz, now())
+    claim_expires_at  = coalesce(%(now)s::timestamptz, clock_timestamp())
                         + make_interval(secs => %(lease_seconds)s),
     worker_id         = %(worker_id)s,
-    started_at        = coalesce(%(now)s::timestamptz, now()),
-    last_heartbeat_at = coalesce(%(now)s::timestamptz, now())
+    started_at        = coalesce(%(now)s::timestamptz, clock_timestamp()),
+    last_heartbeat_at = coalesce(%(now)s::timestamptz, clock_timestamp())
 FROM candidate
 WHERE a.id = candidate.id
 RETURNING a.id, a.claim_token, a.conversation_id, a.user_id, a.tenant_id, a.request,
@@ -207,11 +210,11 @@ WITH candidate AS (
 UPDATE {schema}.agent_run a SET
     status            = 'running',
     claim_token       = gen_random_uuid(),
-    claim_expires_at  = coalesce(%(now)s::timestamptz, now())
+    claim_expires_at  = coalesce(%(now)s::timestamptz, clock_timestamp())
                         + make_interval(secs => %(lease_seconds)s),
     worker_id         = %(worker_id)s,
-    started_at        = coalesce(%(now)s::timestamptz, now()),
-    last_heartbeat_at = coalesce(%(now)s::timestamptz, now())
+    started_at        = coalesce(%(now)s::timestamptz, clock_timestamp()),
+    last_heartbeat_at = coalesce(%(now)s::timestamptz, clock_timestamp())
 FROM candidate
 WHERE a.id = candidate.id
 RETURNING a.id, a.claim_token, a.conversation_id, a.user_id, a.tenant_id, a.request,

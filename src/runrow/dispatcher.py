@@ -91,7 +91,17 @@ class _Waker:
 class _Active:
     """One claimed run in this process."""
 
-    __slots__ = ("ctx", "finishing", "id", "journal", "lease_deadline", "reason", "scope", "token")
+    __slots__ = (
+        "ctx",
+        "finishing",
+        "id",
+        "journal",
+        "lease_deadline",
+        "reason",
+        "scope",
+        "slot_freed",
+        "token",
+    )
 
     def __init__(self, run_id: uuid.UUID, token: uuid.UUID, lease_deadline: float) -> None:
         self.id = run_id
@@ -102,6 +112,7 @@ class _Active:
         self.lease_deadline = lease_deadline
         self.journal: JournalWriter | None = None
         self.ctx: RunContext | None = None
+        self.slot_freed = False
 
 
 class Dispatcher:
@@ -496,10 +507,16 @@ class Dispatcher:
             await self._execute_claimed(active, row)
         finally:
             self._active.pop(active.id, None)
-            self._slots.release()
-            self._waker.set()  # a slot is free, and this conversation's next turn may be ready
+            self._free_slot(active)
+            self._waker.set()  # this conversation's next turn may be ready
             if not self._active:
                 self._idle.set()
+
+    def _free_slot(self, active: _Active) -> None:
+        if not active.slot_freed:
+            active.slot_freed = True
+            self._slots.release()
+            self._waker.set()
 
     async def _execute_claimed(self, active: _Active, row: Mapping[str, Any]) -> None:
         run_id = active.id
@@ -551,6 +568,9 @@ class Dispatcher:
                     status = "failed"
                     error = {"type": type(exc).__name__, "message": str(exc)[:2000]}
             run_tg.cancel_scope.cancel()
+        # The agent is done: its slot can take the next run while this one's ending is
+        # written (concurrency bounds agent calls; the finalize is one short statement).
+        self._free_slot(active)
         if active.scope.cancelled_caught or (status is None and active.reason is not None):
             if active.reason == "cancel":
                 status, error = "cancelled", None
