@@ -140,6 +140,12 @@ async def test_stop_cancels_the_run_and_returns_the_queued_draft(page: Any, dsn:
         turns = await _turns(page)
         assert [t["status"] for t in turns] == ["running", "queued"]
         assert await page.input_value("#composer") == ""
+        # The queued turn knows its place in line.
+        await _wait_for(
+            page,
+            "() => (document.querySelectorAll('.turn')[1].querySelector('.position')?.textContent || '')"
+            '.startsWith("you\'re #")',
+        )
         await page.screenshot(path=str(ARTIFACTS / "stop-1-before.png"))
 
         await page.click("#stop")

@@ -322,3 +322,30 @@ async def test_metrics_endpoint_counts_runs_after_a_few_turns(dsn: str, schema: 
     assert _metric(text, "runrow_runs_finished_total", status="cancelled", recorded="true") == 1
     assert _metric(text, "runrow_runs_started_total") == 4
     assert _metric(text, "runrow_queue_wait_seconds_count") == 4
+
+
+async def test_load_shedding_answers_429_with_retry_after_and_queued_runs_know_their_place(
+    dsn: str, schema: str
+) -> None:
+    # No workers: every turn stays queued, so the conversation's limit is reached.
+    async with (
+        serve_demo(dsn, schema, workers=0, max_queued_per_conversation=2) as base,
+        httpx.AsyncClient(base_url=base) as client,
+    ):
+        first = await _post(client, "busy", "one")
+        second = await _post(client, "busy", "two")
+        refused = await client.post(
+            "/v1/conversations/busy/messages", json={"content": "three"}, headers=ALICE
+        )
+        assert refused.status_code == 429
+        assert int(refused.headers["Retry-After"]) >= 1
+        assert refused.json()["error"]["code"] == "overloaded"
+        other = await _post(client, "elsewhere", "fine")  # another conversation is not shed
+        positions = [
+            (await client.get(f"/v1/runs/{r['run_id']}/position", headers=ALICE)).json()["position"]
+            for r in (first, second, other)
+        ]
+        assert positions[0] == 1 and positions[2] is not None and positions[1] > positions[0]
+        assert (await client.get(f"/v1/runs/{first['run_id']}/position", headers=BOB)).status_code == 404
+        conv = (await client.get("/v1/conversations/busy", headers=ALICE)).json()
+        assert [t["user_message"] for t in conv["turns"]] == ["one", "two"]  # nothing written for "three"

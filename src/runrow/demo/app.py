@@ -141,6 +141,7 @@ class _Api:
         demo_schema: str,
         authenticate: Callable[[Request], str | None],
         max_content_bytes: int,
+        max_queued_per_conversation: int | None,
         keepalive: float,
         in_process_workers: int,
         agent: runrow.Agent | None,
@@ -151,6 +152,7 @@ class _Api:
         self.demo_schema = demo_schema
         self.authenticate = authenticate
         self.max_content_bytes = max_content_bytes
+        self.max_queued_per_conversation = max_queued_per_conversation
         self.max_body_bytes = 4 * max_content_bytes + 1024
         self.keepalive = keepalive
         self.in_process_workers = in_process_workers
@@ -287,15 +289,25 @@ class _Api:
             owner = await store.claim_conversation(conn, self.demo_schema, cid, user)
             if owner != user:
                 raise _not_found("conversation")
-            run = await runrow.enqueue(
-                conn,
-                conversation_id=cid,
-                user_id=user,
-                content=content,
-                idempotency_key=key,
-                schema=self.schema,
-                max_content_bytes=self.max_content_bytes,
-            )
+            try:
+                run = await runrow.enqueue(
+                    conn,
+                    conversation_id=cid,
+                    user_id=user,
+                    content=content,
+                    idempotency_key=key,
+                    schema=self.schema,
+                    max_content_bytes=self.max_content_bytes,
+                    # Load shedding: a conversation may have this many turns waiting.
+                    max_queued_per_conversation=self.max_queued_per_conversation,
+                )
+            except runrow.Overloaded as exc:
+                raise ApiError(
+                    429,
+                    "overloaded",
+                    str(exc),
+                    {"Retry-After": str(exc.retry_after)},
+                ) from None
         return JSONResponse(
             {
                 "run_id": str(run.id),
@@ -311,6 +323,19 @@ class _Api:
     async def get_run(self, request: Request) -> Response:
         info = await self.own_run(request, self.user(request))
         return JSONResponse(_run_json(info))
+
+    async def get_position(self, request: Request) -> Response:
+        """Where a queued run stands: "you're #3", with an estimated wait."""
+        info = await self.own_run(request, self.user(request))
+        pos = await runrow.queue_position(self.pool, info.id, schema=self.schema)
+        return JSONResponse(
+            {
+                "run_id": str(info.id),
+                "status": pos.status,
+                "position": pos.position,
+                "estimated_wait_seconds": pos.estimated_wait_seconds,
+            }
+        )
 
     async def get_conversation(self, request: Request) -> Response:
         user = self.user(request)
@@ -421,6 +446,7 @@ def create_app(
     demo_schema: str | None = None,
     authenticate: Callable[[Request], str | None] = demo_user,
     max_content_bytes: int = 16 * 1024,
+    max_queued_per_conversation: int | None = 5,
     keepalive: float = 15.0,
     in_process_workers: int = 0,
     agent: runrow.Agent | None = None,
@@ -431,6 +457,8 @@ def create_app(
     ``in_process_workers`` dispatchers run inside the app's lifespan (0: run workers
     elsewhere, e.g. ``runrow worker runrow.demo.agent:agent``), with ``agent`` (default
     :class:`~runrow.demo.agent.DemoAgent`) and ``dispatcher_options`` (lease, poll, ...).
+    ``max_queued_per_conversation`` sheds load: a message past it answers 429 with a
+    ``Retry-After`` header (None: no limit).
     """
     api = _Api(
         database_url,
@@ -438,6 +466,7 @@ def create_app(
         demo_schema=demo_schema or f"{schema}_demo",
         authenticate=authenticate,
         max_content_bytes=max_content_bytes,
+        max_queued_per_conversation=max_queued_per_conversation,
         keepalive=keepalive,
         in_process_workers=in_process_workers,
         agent=agent,
@@ -457,6 +486,7 @@ def create_app(
         Route("/v1/conversations/{conversation_id}", api.get_conversation, methods=["GET"]),
         Route("/v1/runs/{run_id}/events", api.events, methods=["GET"]),
         Route("/v1/runs/{run_id}/cancel", api.cancel, methods=["POST"]),
+        Route("/v1/runs/{run_id}/position", api.get_position, methods=["GET"]),
         Route("/v1/runs/{run_id}", api.get_run, methods=["GET"]),
         Mount("/static", StaticFiles(directory=str(static)), name="static"),
     ]

@@ -78,6 +78,9 @@ def openapi_document() -> dict[str, Any]:
                         "404": _error("The conversation belongs to another user"),
                         "413": _error("Content too large"),
                         "422": _error("Content missing or not text"),
+                        "429": _error(
+                            "Too many turns already waiting in this conversation (see Retry-After)"
+                        ),
                     },
                 }
             },
@@ -93,6 +96,16 @@ def openapi_document() -> dict[str, Any]:
                     "summary": "Stop every active turn; queued messages come back as drafts",
                     "parameters": [_CONV_ID],
                     "responses": {"200": _STOP, "404": _NOT_FOUND},
+                }
+            },
+            "/v1/runs/{run_id}/position": {
+                "get": {
+                    "summary": "A queued run's place in line and estimated wait",
+                    "parameters": [_RUN_ID],
+                    "responses": {
+                        "200": {"description": "position (null unless queued), estimated_wait_seconds"},
+                        "404": {"description": "no such run for this user"},
+                    },
                 }
             },
             "/v1/runs/{run_id}": {

@@ -92,6 +92,34 @@ function setStatus(runId, status) {
   if (TERMINAL.has(badge.textContent) && !TERMINAL.has(status)) return;  // terminal is sticky
   badge.textContent = status;
   badge.className = "status " + status;
+  if (status === "queued") watchPosition(runId);
+  else showPosition(runId, null);
+}
+
+// "you're #3": a queued turn's place in line, refreshed until it starts.
+const watching = new Set();
+function showPosition(runId, text) {
+  const head = turnEl(runId).querySelector(".head");
+  let el = head.querySelector(".position");
+  if (!el) { el = document.createElement("span"); el.className = "position"; head.querySelector(".status").before(el); }
+  el.textContent = text || "";
+  el.hidden = !text;
+}
+async function watchPosition(runId) {
+  if (watching.has(runId)) return;
+  watching.add(runId);
+  try {
+    while (turnEl(runId).querySelector(".status").textContent === "queued") {
+      const pos = await api("GET", `/v1/runs/${runId}/position`).catch(() => null);
+      if (!pos || pos.status !== "queued" || pos.position === null) break;
+      const wait = pos.estimated_wait_seconds;
+      showPosition(runId, `you're #${pos.position}` + (wait ? ` (~${Math.ceil(wait)}s)` : ""));
+      await new Promise((r) => setTimeout(r, 2000));
+    }
+  } finally {
+    watching.delete(runId);
+    if (turnEl(runId).querySelector(".status").textContent !== "queued") showPosition(runId, null);
+  }
 }
 
 function renderTools(runId, tools) {
