@@ -88,3 +88,12 @@ async def assert_journal_sound(
 
 async def is_terminal(conn: psycopg.AsyncConnection, schema: str, run_id: Any) -> bool:
     return await status_of(conn, schema, run_id) in ("completed", "failed", "cancelled")
+
+
+async def enqueue_turn(dsn: str, schema: str, conversation: str, **kw: Any) -> Any:
+    """A turn of user "u" whose content is its conversation id (the shape many tests need)."""
+    import runrow
+
+    return await runrow.enqueue(
+        dsn, schema=schema, conversation_id=conversation, user_id="u", content=conversation, **kw
+    )

@@ -9,53 +9,42 @@ import pytest
 import runrow
 
 from . import manual
-from .helpers import counts
+from .helpers import counts, enqueue_turn
 
 pytestmark = pytest.mark.anyio
-
-
-async def _enqueue(dsn: str, schema: str, conversation: str, **kw: object) -> runrow.Run:
-    return await runrow.enqueue(
-        dsn,
-        schema=schema,
-        conversation_id=conversation,
-        user_id="u",
-        content=conversation,
-        **kw,  # type: ignore[arg-type]
-    )
 
 
 async def test_tenant_limit_sheds_with_a_hint_and_writes_nothing(
     dsn: str, schema: str, conn: psycopg.AsyncConnection
 ) -> None:
     for i in range(3):
-        await _enqueue(dsn, schema, f"c{i}", tenant_id="T", max_queued_per_tenant=3)
+        await enqueue_turn(dsn, schema, f"c{i}", tenant_id="T", max_queued_per_tenant=3)
     before = await counts(conn, schema)
     with pytest.raises(runrow.Overloaded) as info:
-        await _enqueue(dsn, schema, "c9", tenant_id="T", max_queued_per_tenant=3)
+        await enqueue_turn(dsn, schema, "c9", tenant_id="T", max_queued_per_tenant=3)
     err = info.value
     assert isinstance(err, runrow.RunrowError)
     assert (err.scope, err.key, err.limit) == ("tenant", "T", 3)
     assert 1 <= err.retry_after <= 3600
     assert await counts(conn, schema) == before
     # Other tenants, and the same tenant without a limit, are not affected.
-    await _enqueue(dsn, schema, "u1", tenant_id="U", max_queued_per_tenant=3)
-    await _enqueue(dsn, schema, "c3", tenant_id="T")
+    await enqueue_turn(dsn, schema, "u1", tenant_id="U", max_queued_per_tenant=3)
+    await enqueue_turn(dsn, schema, "c3", tenant_id="T")
     # Only queued runs count: once they start, more fit.
     assert len(await manual.claim(conn, schema, limit=10)) == 5
     for i in range(3):
-        await _enqueue(dsn, schema, f"d{i}", tenant_id="T", max_queued_per_tenant=3)
+        await enqueue_turn(dsn, schema, f"d{i}", tenant_id="T", max_queued_per_tenant=3)
 
 
 async def test_conversation_limit(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
-    await _enqueue(dsn, schema, "c", max_queued_per_conversation=2)
-    await _enqueue(dsn, schema, "c", max_queued_per_conversation=2)
+    await enqueue_turn(dsn, schema, "c", max_queued_per_conversation=2)
+    await enqueue_turn(dsn, schema, "c", max_queued_per_conversation=2)
     before = await counts(conn, schema)
     with pytest.raises(runrow.Overloaded) as info:
-        await _enqueue(dsn, schema, "c", max_queued_per_conversation=2)
+        await enqueue_turn(dsn, schema, "c", max_queued_per_conversation=2)
     assert (info.value.scope, info.value.key, info.value.limit) == ("conversation", "c", 2)
     assert await counts(conn, schema) == before
-    await _enqueue(dsn, schema, "other", max_queued_per_conversation=2)
+    await enqueue_turn(dsn, schema, "other", max_queued_per_conversation=2)
 
 
 async def test_retry_after_follows_recent_throughput(
@@ -63,21 +52,21 @@ async def test_retry_after_follows_recent_throughput(
 ) -> None:
     # Ten of the tenant's runs finished just now: one every 30 s over the 5-minute window.
     for i in range(10):
-        await _enqueue(dsn, schema, f"done{i}", tenant_id="T")
+        await enqueue_turn(dsn, schema, f"done{i}", tenant_id="T")
     for row in await manual.claim(conn, schema, limit=10):
         assert await manual.finalize(conn, schema, row["id"], row["claim_token"], "completed", 3)
-    await _enqueue(dsn, schema, "q", tenant_id="T")
+    await enqueue_turn(dsn, schema, "q", tenant_id="T")
     with pytest.raises(runrow.Overloaded) as info:
-        await _enqueue(dsn, schema, "q2", tenant_id="T", max_queued_per_tenant=1)
+        await enqueue_turn(dsn, schema, "q2", tenant_id="T", max_queued_per_tenant=1)
     assert info.value.retry_after == 30
 
 
 async def test_a_repeat_of_an_accepted_key_is_not_shed(dsn: str, schema: str) -> None:
-    first = await _enqueue(dsn, schema, "c", idempotency_key="k1", max_queued_per_conversation=1)
-    again = await _enqueue(dsn, schema, "c", idempotency_key="k1", max_queued_per_conversation=1)
+    first = await enqueue_turn(dsn, schema, "c", idempotency_key="k1", max_queued_per_conversation=1)
+    again = await enqueue_turn(dsn, schema, "c", idempotency_key="k1", max_queued_per_conversation=1)
     assert again.id == first.id and not again.created
     with pytest.raises(runrow.Overloaded):
-        await _enqueue(dsn, schema, "c", idempotency_key="k2", max_queued_per_conversation=1)
+        await enqueue_turn(dsn, schema, "c", idempotency_key="k2", max_queued_per_conversation=1)
 
 
 async def test_the_limit_holds_exactly_under_concurrent_enqueues(
@@ -87,7 +76,7 @@ async def test_the_limit_holds_exactly_under_concurrent_enqueues(
 
     async def one(i: int) -> None:
         try:
-            await _enqueue(dsn, schema, f"c{i}", tenant_id="T", max_queued_per_tenant=5)
+            await enqueue_turn(dsn, schema, f"c{i}", tenant_id="T", max_queued_per_tenant=5)
             outcomes.append("created")
         except runrow.Overloaded:
             outcomes.append("shed")
@@ -102,17 +91,17 @@ async def test_the_limit_holds_exactly_under_concurrent_enqueues(
 async def test_reject_when_busy_is_typed_and_writes_nothing(
     dsn: str, schema: str, conn: psycopg.AsyncConnection
 ) -> None:
-    first = await _enqueue(dsn, schema, "c", on_busy="reject")  # idle: accepted
+    first = await enqueue_turn(dsn, schema, "c", on_busy="reject")  # idle: accepted
     before = await counts(conn, schema)
     with pytest.raises(runrow.ConversationBusy) as info:
-        await _enqueue(dsn, schema, "c", on_busy="reject")
+        await enqueue_turn(dsn, schema, "c", on_busy="reject")
     assert info.value.conversation_id == "c"
     assert await counts(conn, schema) == before
     (row,) = await manual.claim(conn, schema)
     with pytest.raises(runrow.ConversationBusy):  # running counts as busy too
-        await _enqueue(dsn, schema, "c", on_busy="reject")
+        await enqueue_turn(dsn, schema, "c", on_busy="reject")
     assert await manual.finalize(conn, schema, first.id, row["claim_token"], "completed", 3)
-    await _enqueue(dsn, schema, "c", on_busy="reject")
+    await enqueue_turn(dsn, schema, "c", on_busy="reject")
 
 
 async def test_concurrent_rejects_on_an_idle_conversation_admit_exactly_one(
@@ -122,7 +111,7 @@ async def test_concurrent_rejects_on_an_idle_conversation_admit_exactly_one(
 
     async def one() -> None:
         try:
-            await _enqueue(dsn, schema, "c", on_busy="reject")
+            await enqueue_turn(dsn, schema, "c", on_busy="reject")
             outcomes.append("created")
         except runrow.ConversationBusy:
             outcomes.append("busy")
@@ -135,7 +124,7 @@ async def test_concurrent_rejects_on_an_idle_conversation_admit_exactly_one(
 
 async def test_gated_enqueue_joins_the_callers_transaction(dsn: str, schema: str) -> None:
     async with await psycopg.AsyncConnection.connect(dsn) as own, own.transaction(force_rollback=True):
-        await _enqueue(own, schema, "c", max_queued_per_conversation=1)  # type: ignore[arg-type]
+        await enqueue_turn(own, schema, "c", max_queued_per_conversation=1)  # type: ignore[arg-type]
         with pytest.raises(runrow.Overloaded):
-            await _enqueue(own, schema, "c", max_queued_per_conversation=1)  # type: ignore[arg-type]
+            await enqueue_turn(own, schema, "c", max_queued_per_conversation=1)  # type: ignore[arg-type]
     assert await runrow.list_runs(dsn, schema=schema) == []

@@ -13,19 +13,9 @@ import runrow
 from runrow.cli import main
 
 from . import manual
+from .helpers import enqueue_turn
 
 pytestmark = pytest.mark.anyio
-
-
-async def _enqueue(dsn: str, schema: str, conversation: str, **kw: object) -> runrow.Run:
-    return await runrow.enqueue(
-        dsn,
-        schema=schema,
-        conversation_id=conversation,
-        user_id="u",
-        content=conversation,
-        **kw,  # type: ignore[arg-type]
-    )
 
 
 async def _positions(dsn: str, schema: str, runs: list[runrow.Run]) -> list[int | None]:
@@ -33,8 +23,8 @@ async def _positions(dsn: str, schema: str, runs: list[runrow.Run]) -> list[int 
 
 
 async def test_one_tenant_counts_in_claim_order(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
-    runs = [await _enqueue(dsn, schema, f"c{i}") for i in range(4)]
-    urgent = await _enqueue(dsn, schema, "urgent", priority=3)
+    runs = [await enqueue_turn(dsn, schema, f"c{i}") for i in range(4)]
+    urgent = await enqueue_turn(dsn, schema, "urgent", priority=3)
     assert await _positions(dsn, schema, [*runs, urgent]) == [2, 3, 4, 5, 1]
     await manual.claim(conn, schema, limit=2)  # takes urgent and c0
     pos = await runrow.queue_position(dsn, runs[0].id, schema=schema)
@@ -46,10 +36,10 @@ async def test_positions_follow_the_fair_order_across_tenants(
     dsn: str, schema: str, conn: psycopg.AsyncConnection
 ) -> None:
     for i in range(3):
-        await _enqueue(dsn, schema, f"run{i}", tenant_id="hot")
+        await enqueue_turn(dsn, schema, f"run{i}", tenant_id="hot")
     await manual.claim(conn, schema, limit=3)  # hot: 3 running
-    hot = [await _enqueue(dsn, schema, f"h{i}", tenant_id="hot") for i in range(10)]
-    cold = [await _enqueue(dsn, schema, f"k{i}", tenant_id="cold") for i in range(2)]
+    hot = [await enqueue_turn(dsn, schema, f"h{i}", tenant_id="hot") for i in range(10)]
+    cold = [await enqueue_turn(dsn, schema, f"k{i}", tenant_id="cold") for i in range(2)]
     got = await _positions(dsn, schema, [*hot[:3], *cold])
     # cold's loads are 0 and 1, hot's start at 3: cold goes first.
     assert got == [3, 4, 5, 1, 2]
@@ -62,8 +52,8 @@ async def test_weights_and_ties_match_the_claim(dsn: str, schema: str, conn: psy
     await runrow.set_tenant_policy(dsn, "A", weight=2, schema=schema)
     runs = []
     for i in range(4):
-        runs.append(await _enqueue(dsn, schema, f"a{i}", tenant_id="A"))
-        runs.append(await _enqueue(dsn, schema, f"b{i}", tenant_id="B", priority=1 if i == 3 else 0))
+        runs.append(await enqueue_turn(dsn, schema, f"a{i}", tenant_id="A"))
+        runs.append(await enqueue_turn(dsn, schema, f"b{i}", tenant_id="B", priority=1 if i == 3 else 0))
     positions = await _positions(dsn, schema, runs)
     predicted = [
         r.conversation_id for _, r in sorted(zip(positions, runs, strict=True), key=lambda x: x[0] or 0)
@@ -80,18 +70,18 @@ async def test_weights_and_ties_match_the_claim(dsn: str, schema: str, conn: psy
 async def test_estimated_wait_uses_recent_throughput_and_not_before(
     dsn: str, schema: str, conn: psycopg.AsyncConnection
 ) -> None:
-    empty = await _enqueue(dsn, schema, "first")
+    empty = await enqueue_turn(dsn, schema, "first")
     assert (await runrow.queue_position(dsn, empty.id, schema=schema)).estimated_wait_seconds is None
     for i in range(10):
-        await _enqueue(dsn, schema, f"done{i}")
+        await enqueue_turn(dsn, schema, f"done{i}")
     for row in await manual.claim(conn, schema, limit=11):
         assert await manual.finalize(conn, schema, row["id"], row["claim_token"], "completed", 3)
-    runs = [await _enqueue(dsn, schema, f"q{i}") for i in range(3)]
+    runs = [await enqueue_turn(dsn, schema, f"q{i}") for i in range(3)]
     pos = await runrow.queue_position(dsn, runs[2].id, schema=schema)
     # 11 finished in the 5-minute window: 2.2 runs/min; #3 waits about 3 / (11/300) s.
     assert pos.position == 3 and pos.throughput_per_minute == pytest.approx(2.2)
     assert pos.estimated_wait_seconds == pytest.approx(3 / (11 / 300))
-    later = await _enqueue(dsn, schema, "later", not_before=timedelta(hours=1))
+    later = await enqueue_turn(dsn, schema, "later", not_before=timedelta(hours=1))
     pos = await runrow.queue_position(dsn, later.id, schema=schema)
     assert pos.estimated_wait_seconds is not None and 3590 < pos.estimated_wait_seconds <= 3600
 
@@ -102,7 +92,7 @@ async def test_unknown_run_is_not_found(dsn: str, schema: str) -> None:
 
 
 async def test_cli_runs_position(dsn: str, schema: str, capsys: pytest.CaptureFixture[str]) -> None:
-    runs = [await _enqueue(dsn, schema, f"c{i}") for i in range(3)]
+    runs = [await enqueue_turn(dsn, schema, f"c{i}") for i in range(3)]
     common = ["--database-url", dsn, "--schema", schema]
     # The CLI runs its own event loop: give it a thread.
     assert await anyio.to_thread.run_sync(main, ["runs", "position", str(runs[2].id), *common]) == 0
