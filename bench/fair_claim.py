@@ -21,8 +21,10 @@ import argparse
 import asyncio
 import json
 import statistics
+import sys
 import time
 import uuid
+from pathlib import Path
 
 import psycopg
 from psycopg import sql
@@ -32,7 +34,8 @@ from runrow import _sql
 from runrow._names import Channels
 from runrow.embedded import EmbeddedPostgres
 
-from .bulk import SEED
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.bulk, the seeding SQL
+from tests.bulk import SEED
 
 LIMIT = 8
 SAMPLES = 200
