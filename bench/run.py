@@ -244,7 +244,10 @@ async def main_async(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps(result, indent=2, default=str))
     if plot_data.get("runrow"):
         png = Path(args.plot) if args.plot else BENCH_DIR / "results" / f"throughput-{profile.name}.png"
-        plot(png, plot_data)
+        try:
+            plot(png, plot_data)
+        except ImportError:
+            print("(no plot: matplotlib is not installed; pip install -e '.[bench]')", file=sys.stderr)
         print(f"\nPlot: {png}", file=sys.stderr)
     return 0
 

@@ -40,6 +40,20 @@ async def enqueue_runrow(b: Bench, schema: str, n: int, conns: int) -> float:
             await c.close()
 
 
+# The enqueue statement's parameters for a plain turn: no priority, delay, deadline or
+# admission limits (as runrow.enqueue sends them by default).
+ENQUEUE_DEFAULTS = {
+    "priority": 0,
+    "not_before_at": None,
+    "not_before_in": None,
+    "deadline_at": None,
+    "deadline_in": None,
+    "max_queued_tenant": None,
+    "max_queued_conversation": None,
+    "reject_if_busy": False,
+}
+
+
 async def enqueue_bare(b: Bench, schema: str, n: int, conns: int) -> float:
     """The same enqueue statement (message + run + seq 1-2 + pg_notify), one autocommit round trip."""
     q = statement("enqueue", schema)
@@ -59,6 +73,7 @@ async def enqueue_bare(b: Bench, schema: str, n: int, conns: int) -> float:
                         "content": '"hi"',
                         "request": None,
                         "wake_channel": wake,
+                        **ENQUEUE_DEFAULTS,
                     },
                 )
 
@@ -215,6 +230,7 @@ async def drain_bare(b: Bench, schema: str, n: int, workers: int, batch: int, op
                         "types": ["content_delta", "tool_call"] * len(ids),
                         "payloads": ['{"delta": "x"}', '{"name": "noop"}'] * len(ids),
                         "events_prefix": ch.events_prefix,
+                        "notify": True,
                     },
                 )
                 seq = [s + 2 for s in seq]
