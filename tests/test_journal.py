@@ -263,3 +263,18 @@ async def test_resuming_after_the_ending_yields_nothing(
     assert [e.seq async for e in runrow.tail(dsn, run.id, schema=schema)] == [1, 2, 3]
     assert [e async for e in runrow.tail(dsn, run.id, from_seq=3, schema=schema)] == []
     assert [e.seq async for e in runrow.tail(dsn, run.id, from_seq=2, schema=schema)] == [3]
+
+
+def test_deltas_are_checked_without_serialising_the_whole_event() -> None:
+    from runrow.journal import validate_event
+
+    assert validate_event({"type": "content_delta", "delta": "hé"}, 10) == ("content_delta", {"delta": "hé"})
+    for bad in (
+        {"type": "content_delta", "delta": "a\x00b"},  # jsonb rejects NUL
+        {"type": "content_delta", "delta": "x" * 11},  # over the limit
+        {"type": "content_delta", "delta": "\ud800"},  # a lone surrogate is not text
+        {"type": "content_delta", "delta": "ok", "stream": object()},  # other keys: still JSON
+        {"type": "content_delta", "delta": "ok", "stream": "nul\x00"},
+    ):
+        with pytest.raises(runrow.InvalidInput):
+            validate_event(bad, 10)

@@ -464,7 +464,7 @@ class Dispatcher:
                 assert self._tg is not None
                 for row in rows:
                     self._tg.start_soon(self._execute, row)
-                if len(rows) < want and not rows:
+                if not rows:
                     # Nothing to claim now: park until a wake-up or the poll tick. (A claim
                     # that came back short but not empty is followed by another at once:
                     # a fair batch can be short while runs remain, e.g. after a lock race.)
@@ -628,6 +628,11 @@ class Dispatcher:
             terminal["reason"] = "stopped"
         elif active.reason == "deadline" and status == "failed":
             terminal["reason"] = "deadline_exceeded"
+        if journal.broken is not None and not isinstance(journal.broken, LeaseLost):
+            # A flush of unknown outcome: our seq numbering cannot be trusted. Let the
+            # reaper (max(seq)+1) record the ending.
+            self._unrecorded.add(active.id)
+            return False
         item: _FinalItem = (
             active.id,
             active.token,
@@ -636,11 +641,6 @@ class Dispatcher:
             journal.answer_text,
             journal.final_rows(terminal),
         )
-        if journal.broken is not None and not isinstance(journal.broken, LeaseLost):
-            # A flush of unknown outcome: our seq numbering cannot be trusted. Let the
-            # reaper (max(seq)+1) record the ending.
-            self._unrecorded.add(active.id)
-            return False
         with anyio.CancelScope(shield=True), anyio.move_on_after(self.finalize_timeout):
             for attempt in range(3):
                 try:

@@ -103,8 +103,23 @@ def validate_event(event: Mapping[str, Any], max_bytes: int) -> tuple[str, dict[
     if etype in (TERMINAL_EVENT, KEEPALIVE):
         raise InvalidInput("event", f"type {etype!r} is reserved for runrow")
     payload = {k: v for k, v in event.items() if k != "type"}
-    if etype == CONTENT_DELTA and not isinstance(payload.get("delta"), str):
-        raise InvalidInput("event", "a content_delta needs a string 'delta'")
+    if etype == CONTENT_DELTA:
+        # The hot path (thousands per turn): check the text itself rather than serialise
+        # the whole event; only the other keys (a stream name, say) go through JSON.
+        delta = payload.get("delta")
+        if not isinstance(delta, str):
+            raise InvalidInput("event", "a content_delta needs a string 'delta'")
+        if "\x00" in delta:
+            raise InvalidInput("event", "must not contain NUL characters (\\u0000); jsonb rejects them")
+        try:
+            size = len(delta.encode())
+        except UnicodeEncodeError:
+            raise InvalidInput("event", "the delta is not valid Unicode text") from None
+        if size > max_bytes:
+            raise InvalidInput("event", f"is larger than the limit of {max_bytes} bytes")
+        if len(payload) > 1:
+            _json.dumps({k: v for k, v in payload.items() if k != "delta"}, "event", max_bytes)
+        return etype, payload
     _json.dumps(payload, "event", max_bytes)  # serialisable, NUL-free, bounded
     return etype, payload
 
@@ -160,7 +175,8 @@ class JournalWriter:
             return
         self.deltas += 1
         delta = payload.pop("delta")
-        key = json.dumps(payload, sort_keys=True, default=str)
+        # Deltas merge when their other keys match; most have none.
+        key = json.dumps(payload, sort_keys=True, default=str) if payload else ""
         if "stream" not in payload:
             self._answer.append(delta)
         if self._pending is not None and key != self._pending_key:
