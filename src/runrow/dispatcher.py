@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -549,7 +550,7 @@ class Dispatcher:
             else (row["deadline_at"] - row["started_at"]).total_seconds()
         )
         async with anyio.create_task_group() as run_tg:
-            run_tg.start_soon(journal.run_flusher)
+            journal.start_flusher = functools.partial(run_tg.start_soon, journal.run_flusher)
             if remaining is not None:
                 if remaining <= 0:
                     self._cancel(active, "deadline")  # claimed too late: never call the agent
@@ -567,7 +568,10 @@ class Dispatcher:
                 except Exception as exc:
                     status = "failed"
                     error = {"type": type(exc).__name__, "message": str(exc)[:2000]}
-            run_tg.cancel_scope.cancel()
+            journal.start_flusher = None
+            if journal.flusher_started or remaining is not None:
+                # (Only then: cancelling a scope formats a task repr, costly per run.)
+                run_tg.cancel_scope.cancel()
         # The agent is done: its slot can take the next run while this one's ending is
         # written (concurrency bounds agent calls; the finalize is one short statement).
         self._free_slot(active)
@@ -641,10 +645,10 @@ class Dispatcher:
             journal.answer_text,
             journal.final_rows(terminal),
         )
-        with anyio.CancelScope(shield=True), anyio.move_on_after(self.finalize_timeout):
+        with anyio.CancelScope(shield=True, deadline=anyio.current_time() + self.finalize_timeout):
             for attempt in range(3):
                 try:
-                    landed = await self._finalizer.submit(item)
+                    landed = await self._finalizer.submit(item, caller_shielded=True)
                 except (psycopg.OperationalError, OSError, TimeoutError) as exc:
                     self._db_trouble()
                     log.warning(

@@ -152,6 +152,10 @@ class JournalWriter:
         self._on_lost = on_lost
         self._resolve = resolve
         self.on_flush: Callable[[int], None] | None = None
+        # Starts run_flusher as a task; called once, on the first merged delta, so a run
+        # that streams nothing costs no flusher task (set by the owner).
+        self.start_flusher: Callable[[], object] | None = None
+        self.flusher_started = False
         self._retry_budget = retry_budget
         self._lock = anyio.Lock()
         self._pending: dict[str, Any] | None = None
@@ -186,6 +190,9 @@ class JournalWriter:
             self._pending_parts = [delta]
             self._pending_since = anyio.current_time()
             self._has_pending.set()
+            if not self.flusher_started and self.start_flusher is not None:
+                self.flusher_started = True
+                self.start_flusher()
         else:
             self._pending_parts.append(delta)
         if anyio.current_time() - self._pending_since >= self._interval:
