@@ -7,8 +7,8 @@
 WITH ins AS (
     INSERT INTO {schema}.run_event (run_id, seq, type, payload)
     SELECT e.run_id, e.seq, e.type, e.payload
-    FROM unnest(%(runs)s::uuid[], %(tokens)s::uuid[], %(seqs)s::integer[], %(types)s::text[],
-                %(payloads)s::jsonb[]) AS e(run_id, token, seq, type, payload)
+    FROM unnest(%(runs)b::uuid[], %(tokens)b::uuid[], %(seqs)b::integer[], %(types)b::text[],
+                %(payloads)b::jsonb[]) AS e(run_id, token, seq, type, payload)
     JOIN {schema}.agent_run a
       ON a.id = e.run_id AND a.claim_token = e.token AND a.status = 'running'
     RETURNING run_id

@@ -239,7 +239,7 @@ UPDATE {schema}.agent_run a SET
     last_heartbeat_at = coalesce(%(now)s::timestamptz, now()),
     claim_expires_at  = coalesce(%(now)s::timestamptz, now())
                         + make_interval(secs => %(lease_seconds)s)
-FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) AS h(id, token)
+FROM unnest(%(ids)b::uuid[], %(tokens)b::uuid[]) AS h(id, token)
 WHERE a.id = h.id AND a.claim_token = h.token AND a.status = 'running'
 RETURNING a.id, a.cancel_requested
 
@@ -252,8 +252,8 @@ WHERE id = %(run_id)s AND claim_token = %(claim_token)s AND status = 'running'
 -- streamed text not yet in the transcript, the status, and the wakes, all or nothing.
 -- A run missing from the result was already ended by someone else: stand down.
 WITH f AS (
-    SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(statuses)s::text[],
-                         %(errors)s::jsonb[], %(partials)s::text[])
+    SELECT * FROM unnest(%(ids)b::uuid[], %(tokens)b::uuid[], %(statuses)b::text[],
+                         %(errors)b::jsonb[], %(partials)b::text[])
              AS f(id, token, status, error, partial)
 ), fin AS (
     UPDATE {schema}.agent_run a SET status = f.status, error = f.error, finished_at = now()
@@ -270,8 +270,8 @@ WITH f AS (
 ), ev AS (
     INSERT INTO {schema}.run_event (run_id, seq, type, payload)
     SELECT e.run_id, e.seq, e.type, e.payload
-    FROM unnest(%(ev_runs)s::uuid[], %(ev_seqs)s::integer[], %(ev_types)s::text[],
-                %(ev_payloads)s::jsonb[]) AS e(run_id, seq, type, payload)
+    FROM unnest(%(ev_runs)b::uuid[], %(ev_seqs)b::integer[], %(ev_types)b::text[],
+                %(ev_payloads)b::jsonb[]) AS e(run_id, seq, type, payload)
     JOIN fin ON fin.id = e.run_id
 )
 -- The queue wake only when the ending can let an idle worker claim: the conversation
