@@ -116,12 +116,44 @@ class _Active:
         self.slot_freed = False
 
 
+class _Helper:
+    """A task that serves one run (its flush clock, its deadline) in the dispatcher's task
+    group; ``stop()`` cancels it and waits until it has ended, as a run's own task group
+    would on exit, so nothing of the run is still writing when its ending is written."""
+
+    __slots__ = ("done", "scope", "started")
+
+    def __init__(self) -> None:
+        self.scope = anyio.CancelScope()
+        self.done = anyio.Event()
+        self.started = False
+
+    async def run(self, fn: Callable[[], Awaitable[None]]) -> None:
+        self.started = True
+        try:
+            with self.scope:
+                await fn()
+        except Exception:  # a helper's failure must not end the dispatcher
+            log.exception("a run's helper task failed")
+        finally:
+            self.done.set()
+
+    async def stop(self) -> None:
+        self.scope.cancel()
+        # A task that never started (cancelled before its first step) runs nothing: its
+        # cancelled scope ends it at its first checkpoint, before any write.
+        if self.started:
+            await self.done.wait()
+
+
 class Dispatcher:
     """Runs ``agent`` for claimed runs. Use as ``async with Dispatcher(db, agent) as d:``.
 
     ``db`` is a conninfo string (the dispatcher opens its own pool) or an
     ``AsyncConnectionPool`` (whose conninfo the hub also uses for its direct LISTEN
     connection; pass ``hub=`` to share one hub or ``notifications=False`` to poll only).
+    The claim loop keeps one of the pool's connections between claims (unless the pool
+    holds only one); the dispatcher's own pool has ``concurrency + 4``.
 
     Timing options are seconds: ``lease`` (30) is how long a claim lives without a
     heartbeat, ``heartbeat`` (10) how often it is renewed (well under the lease),
@@ -225,6 +257,10 @@ class Dispatcher:
         self._tg: TaskGroup | None = None
         self._claim_scope = anyio.CancelScope()
         self._claim_done = anyio.Event()
+        # The claim loop keeps one pooled connection between claims: its prepared claim
+        # stays warm (a statement reaches its cached generic plan only after several
+        # executions on one connection, and the pool hands connections out in turn).
+        self._claim_conn: AsyncConnection | None = None
         self._loops: list[anyio.CancelScope] = []
         self._loops_running = 0
         self._loops_done = anyio.Event()
@@ -276,7 +312,8 @@ class Dispatcher:
                 open=False,
                 # Behind a transaction-pooling pgbouncer (< 1.21), server-side prepared
                 # statements break: prepared_statements=False turns them off.
-                kwargs={"autocommit": True, "prepare_threshold": 5 if self.prepared_statements else None},
+                # Prepared at first use: the dispatcher repeats a handful of statements.
+                kwargs={"autocommit": True, "prepare_threshold": 0 if self.prepared_statements else None},
                 name=f"runrow-{self.worker_id}",
             )
             await self._pool.open(wait=True)
@@ -429,7 +466,16 @@ class Dispatcher:
         try:
             await self._claim_until_stopped()
         finally:
+            with anyio.CancelScope(shield=True):
+                await self._release_claim_conn()
             self._claim_done.set()
+
+    async def _release_claim_conn(self) -> None:
+        """Gives the claim connection back to the pool, which tests and replaces it
+        if it is broken (after a failed claim) or simply keeps it."""
+        conn, self._claim_conn = self._claim_conn, None
+        if conn is not None:
+            await self.pool.putconn(conn)
 
     async def _claim_until_stopped(self) -> None:
         with self._claim_scope:
@@ -453,6 +499,8 @@ class Dispatcher:
                     rows = []
                     self._waker.set()
                 except (psycopg.Error, OSError, TimeoutError) as exc:
+                    with anyio.CancelScope(shield=True):
+                        await self._release_claim_conn()
                     for _ in range(want):
                         self._slots.release()
                     self._db_trouble()
@@ -473,13 +521,17 @@ class Dispatcher:
 
     async def _claim(self, limit: int) -> list[dict[str, Any]]:
         t0 = anyio.current_time()
-        async with statement_conn(self.pool) as conn:
+        if self._claim_conn is None:
+            self._claim_conn = await self.pool.getconn()
+        async with statement_conn(self._claim_conn) as conn:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(
                 self._queries["claim"],
                 {"limit": limit, "lease_seconds": self.lease, "worker_id": self.worker_id, "now": None},
             )
             rows = await cur.fetchall()
+        if self.pool.max_size < 2:  # a one-connection pool: the other writes need it
+            await self._release_claim_conn()
         self.stats["claims"] += 1
         self.stats["claimed"] += len(rows)
         if self.observers and rows:
@@ -549,13 +601,17 @@ class Dispatcher:
             if row.get("deadline_at") is None
             else (row["deadline_at"] - row["started_at"]).total_seconds()
         )
-        async with anyio.create_task_group() as run_tg:
-            journal.start_flusher = functools.partial(run_tg.start_soon, journal.run_flusher)
-            if remaining is not None:
-                if remaining <= 0:
-                    self._cancel(active, "deadline")  # claimed too late: never call the agent
-                else:
-                    run_tg.start_soon(self._deadline_watch, active, remaining)
+        # The run's helpers (its flush clock, its deadline) are started only if it needs
+        # them, and ended before its ending is written: a run that needs neither costs
+        # no task, no task group and no cancellation.
+        helpers: list[_Helper] = []
+        journal.start_flusher = functools.partial(self._start_helper, helpers, journal.run_flusher)
+        if remaining is not None:
+            if remaining <= 0:
+                self._cancel(active, "deadline")  # claimed too late: never call the agent
+            else:
+                self._start_helper(helpers, functools.partial(self._deadline_watch, active, remaining))
+        try:
             with active.scope, contextlib.ExitStack() as scopes:
                 for obs in self.observers:
                     scopes.enter_context(obs.run_scope(ctx))
@@ -568,10 +624,12 @@ class Dispatcher:
                 except Exception as exc:
                     status = "failed"
                     error = {"type": type(exc).__name__, "message": str(exc)[:2000]}
+        finally:
             journal.start_flusher = None
-            if journal.flusher_started or remaining is not None:
-                # (Only then: cancelling a scope formats a task repr, costly per run.)
-                run_tg.cancel_scope.cancel()
+            if helpers:
+                with anyio.CancelScope(shield=True):
+                    for helper in helpers:
+                        await helper.stop()
         # The agent is done: its slot can take the next run while this one's ending is
         # written (concurrency bounds agent calls; the finalize is one short statement).
         self._free_slot(active)
@@ -602,6 +660,12 @@ class Dispatcher:
                 status,
                 extra=extra,
             )
+
+    def _start_helper(self, helpers: list[_Helper], fn: Callable[[], Awaitable[None]]) -> None:
+        helper = _Helper()
+        helpers.append(helper)
+        assert self._tg is not None
+        self._tg.start_soon(helper.run, fn)
 
     async def _deadline_watch(self, active: _Active, seconds: float) -> None:
         await anyio.sleep(seconds)
