@@ -122,20 +122,25 @@ def plot(path: Path, data: dict[str, dict[Any, float]]) -> None:
         "runrow": ("o-", "runrow (Dispatcher)"),
         "bare": ("s--", "bare SQL, claim 1 + finalize 1"),
         "bare_batched": ("^--", "bare SQL, claim 10 + finalize 10"),
-        "pgqueuer b1": ("v:", "pgqueuer, batch 1"),
-        "pgqueuer b10": ("D:", "pgqueuer, batch 10"),
+        "pgqueuer b1": ("v:", "pgqueuer, c workers x batch 1"),
+        "pgqueuer b2 max4": ("P:", "pgqueuer, 1 worker, batch 2, max 4 picked"),
+        "pgqueuer b10": ("D:", "pgqueuer, c/10 workers x batch 10"),
         "procrastinate": ("x:", "procrastinate"),
     }
+    runrow = {**(data.get("runrow_extra") or {}), **(data.get("runrow") or {})}
+    data = {**data, "runrow": runrow}
+    ticks: set[int] = set()
     for key, (style, label) in styles.items():
         series = data.get(key) or {}
         if not series:
             continue
         xs = sorted(series)
+        ticks.update(int(x) for x in xs)
         ax.plot(xs, [series[x] for x in xs], style, label=label)
     ax.set_xscale("log", base=2)
-    ax.set_xticks([1, 4, 16])
-    ax.set_xticklabels(["1", "4", "16"])
-    ax.set_xlabel("concurrency (one process)")
+    ax.set_xticks(sorted(ticks))
+    ax.set_xticklabels([str(t) for t in sorted(ticks)])
+    ax.set_xlabel("concurrency: jobs in flight at once (one process)")
     ax.set_ylabel("no-op runs/s (drain)")
     ax.set_title("runrow vs bare SQL vs peers, same server, same run")
     ax.grid(True, alpha=0.3)

@@ -28,10 +28,13 @@ def _url(conninfo: str) -> str:
     return f"postgresql://{d.get('user', 'postgres')}@{d.get('host', '127.0.0.1')}:{d.get('port', 5432)}/{d['dbname']}"
 
 
-async def pgqueuer_drain(conninfo: str, n: int, concurrency: int, batch: int) -> float:
+async def pgqueuer_drain(
+    conninfo: str, n: int, concurrency: int, batch: int, max_tasks: int | None = None
+) -> float:
     """``concurrency`` pgqueuer QueueManagers (workers), each on its own connection, each
-    dequeuing ``batch`` jobs at a time, on pgqueuer's asyncpg driver (its PsycopgDriver
-    stalled here: see bench/README.md)."""
+    dequeuing ``batch`` jobs at a time (at most ``max_tasks`` picked at once per worker,
+    pgqueuer's own cap, enforced in its dequeue query), on pgqueuer's asyncpg driver (its
+    PsycopgDriver stalled here: see bench/README.md)."""
     import asyncpg
     from pgqueuer import AsyncpgDriver, QueueManager
     from pgqueuer.queries import Queries
@@ -69,6 +72,7 @@ async def pgqueuer_drain(conninfo: str, n: int, concurrency: int, batch: int) ->
                             qm.run,
                             mode=QueueExecutionMode.drain,
                             batch_size=batch,
+                            max_concurrent_tasks=max_tasks,
                             dequeue_timeout=timedelta(seconds=1),
                             log_aggregation_interval=timedelta(0),
                         )
@@ -130,25 +134,53 @@ def _available(module: str) -> bool:
 
 
 async def peers(b: Bench, earlier: list[Row]) -> tuple[list[Row], dict[str, Any]]:
-    """Each peer's drain rate; ratio = runrow's throughput_core at that concurrency / the peer."""
+    """Each peer's drain rate; ratio = runrow's rate at the same number of jobs in flight / the peer.
+
+    "Concurrency c" means at most c jobs picked (claimed and executing) at once, for every
+    system: runrow's ``Dispatcher(concurrency=c)`` claims only into free slots. The peer
+    configurations with c in flight are the contest (``best peer c=4``). pgqueuer with
+    c workers of batch 10 picks up to 10c jobs at once; it is reported beside runrow
+    measured here at ``concurrency=10c``, not against runrow at c.
+    """
     p = b.profile
     dsn: dict[str, str] = b.peer_conninfo  # type: ignore[attr-defined]
     core = {r.case: r.value for r in earlier if r.scenario == "throughput_core"}
-    configs: list[tuple[str, str, Callable[[int], Awaitable[float]]]] = []
+    # (name, case, in flight, drain)
+    configs: list[tuple[str, str, int, Callable[[], Awaitable[float]]]] = []
     for c in p.peer_concurrencies:
         configs.append(
-            ("pgqueuer b1", f"c={c}", lambda c=c: pgqueuer_drain(dsn["pgqueuer"], p.peer_jobs, c, 1))
+            ("pgqueuer b1", f"c={c}", c, lambda c=c: pgqueuer_drain(dsn["pgqueuer"], p.peer_jobs, c, 1))
+        )
+        if c % 2 == 0:
+            # One worker holding c jobs: pgqueuer requires max_concurrent_tasks >= 2 x batch.
+            configs.append(
+                (
+                    f"pgqueuer b{c // 2} max{c}",
+                    f"c={c}",
+                    c,
+                    lambda c=c: pgqueuer_drain(dsn["pgqueuer"], p.peer_jobs, 1, c // 2, max_tasks=c),
+                )
+            )
+        configs.append(
+            (
+                "procrastinate",
+                f"c={c}",
+                c,
+                lambda c=c: procrastinate_drain(dsn["procrastinate"], p.peer_jobs, c),
+            )
         )
         configs.append(
-            ("pgqueuer b10", f"c={c}", lambda c=c: pgqueuer_drain(dsn["pgqueuer"], p.peer_jobs, c, 10))
-        )
-        configs.append(
-            ("procrastinate", f"c={c}", lambda c=c: procrastinate_drain(dsn["procrastinate"], p.peer_jobs, c))
+            (
+                "pgqueuer b10",
+                f"c={c}",
+                10 * c,
+                lambda c=c: pgqueuer_drain(dsn["pgqueuer"], p.peer_jobs, c, 10),
+            )
         )
     rows: list[Row] = []
     plot: dict[str, Any] = {}
     runnable = []
-    for name, case, fn in configs:
+    for name, case, inflight, fn in configs:
         module = name.split()[0]
         if not _available(module) or (module == "pgqueuer" and not _available("asyncpg")):
             rows.append(
@@ -161,51 +193,84 @@ async def peers(b: Bench, earlier: list[Row]) -> tuple[list[Row], dict[str, Any]
                 )
             )
             continue
-        runnable.append((name, case, fn))
-    results: dict[tuple[str, str], list[float]] = {(n, c): [] for n, c, _ in runnable}
+        runnable.append((name, case, inflight, fn))
+    # runrow itself at every in-flight count a peer reaches beyond the throughput cases.
+    own = sorted({f for _, _, f, _ in runnable if f"c={f}" not in core})
+    runrow_fns = {
+        f: (lambda f=f: _runrow_drain(b, p.peer_jobs, f)) for f in own
+    }
+    results: dict[tuple[str, str], list[float]] = {(n, c): [] for n, c, _, _ in runnable}
+    own_results: dict[int, list[float]] = {f: [] for f in own}
     for rep in range(p.reps):
-        order = runnable if rep % 2 == 0 else list(reversed(runnable))
-        for name, case, fn in order:
-            c = int(case.split("=")[1])
+        order: list[tuple[str, str, int, Callable[[], Awaitable[float]]]] = [
+            *runnable,
+            *[("runrow", f"c={f}", f, fn) for f, fn in runrow_fns.items()],
+        ]
+        if rep % 2:
+            order.reverse()
+        for name, case, inflight, fn in order:
             try:
-                results[(name, case)].append(await fn(c))
+                value = await fn()
             except Exception as exc:
-                log.exception("peer %s %s failed", name, case)
-                results[(name, case)].append(float("nan"))
+                log.exception("%s %s failed", name, case)
+                value = float("nan")
                 rows.append(
                     Row("peers", f"{name} {case} rep {rep}", None, "jobs/s", note=f"failed: {exc}"[:160])
                 )
-    best: dict[str, float] = {}
-    for (name, case), vals in results.items():
+            if name == "runrow":
+                own_results[inflight].append(value)
+            else:
+                results[(name, case)].append(value)
+    runrow_at = {int(k.split("=")[1]): v for k, v in core.items() if k.startswith("c=") and k[2:].isdigit()}
+    for f, vals in own_results.items():
         vals = [v for v in vals if v == v]
+        if vals:
+            runrow_at[f] = summary(vals)[0]
+            rows.append(
+                Row(
+                    "peers",
+                    f"runrow c={f}",
+                    runrow_at[f],
+                    "runs/s",
+                    *summary(vals)[1:],
+                    note="runrow's Dispatcher at this concurrency, measured here for the row below",
+                    samples=vals,
+                )
+            )
+    best: dict[str, float] = {}
+    for name, case, inflight, _ in runnable:
+        vals = [v for v in results[(name, case)] if v == v]
         if not vals:
             continue
         med, lo, hi = summary(vals)
-        runrow_rate = core.get(case)
+        runrow_rate = runrow_at.get(inflight)
         c = int(case.split("=")[1])
-        plot.setdefault(name, {})[c] = med
-        best[case] = max(best.get(case, 0.0), med)
+        same = inflight == c
+        plot.setdefault(name, {})[inflight] = med
+        if same:
+            best[case] = max(best.get(case, 0.0), med)
+        label = f"{name} {case}" if same else f"{name} {case} ({inflight} in flight)"
         rows.append(
             Row(
                 "peers",
-                f"{name} {case}",
+                label,
                 med,
                 "jobs/s",
                 lo,
                 hi,
                 runrow_rate,
-                f"runrow {case}",
+                f"runrow c={inflight}",
                 ratio(runrow_rate, med),
                 samples=vals,
             )
         )
     for case, peak in best.items():
-        runrow_rate = core.get(case)
+        runrow_rate = runrow_at.get(int(case.split("=")[1]))
         r = ratio(runrow_rate, peak)
         rows.append(
             Row(
                 "peers",
-                f"best peer {case}",
+                f"best peer {case} (same jobs in flight)",
                 peak,
                 "jobs/s",
                 None,
@@ -217,4 +282,13 @@ async def peers(b: Bench, earlier: list[Row]) -> tuple[list[Row], dict[str, Any]
                 None if r is None else r >= 1.5,
             )
         )
+    if own_results:
+        plot["runrow_extra"] = {f: runrow_at[f] for f in own_results if f in runrow_at}
     return rows, {"peers": plot, **plot}
+
+
+async def _runrow_drain(b: Bench, n: int, concurrency: int) -> float:
+    from scenarios.throughput import drain_runrow
+
+    async with b.schema("peer_rr") as s:
+        return await drain_runrow(b, s, n, concurrency, "noop")
