@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 import time
@@ -36,6 +35,9 @@ from runrow.embedded import EmbeddedPostgres
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.bulk, the seeding SQL
 from tests.bulk import SEED
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # for bench/lib.py
+from lib import finalize_params
 
 LIMIT = 8
 SAMPLES = 200
@@ -95,22 +97,7 @@ async def _drain(dsn: str, schema: str, query: bytes, total: int) -> float:
                 if not rows:
                     await asyncio.sleep(0.001)
                     continue
-                await conn.execute(
-                    finalize,
-                    {
-                        "ids": [r[0] for r in rows],
-                        "tokens": [r[1] for r in rows],
-                        "statuses": ["completed"] * len(rows),
-                        "errors": [None] * len(rows),
-                        "partials": [None] * len(rows),
-                        "ev_runs": [r[0] for r in rows],
-                        "ev_seqs": [3] * len(rows),
-                        "ev_types": ["complete"] * len(rows),
-                        "ev_payloads": [json.dumps({"status": "completed"})] * len(rows),
-                        "events_prefix": ch.events_prefix,
-                        "wake_channel": ch.wake,
-                    },
-                )
+                await conn.execute(finalize, finalize_params(ch, [(r[0], r[1], 3) for r in rows]))
                 done += len(rows)
 
     t0 = time.perf_counter()

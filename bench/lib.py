@@ -275,6 +275,36 @@ def statement(name: str, schema: str) -> bytes:
     return _sql.statement(name, schema)
 
 
+def finalize_params(
+    ch: Channels, ends: list[tuple[Any, Any, int]], *, partial: str | None = None
+) -> dict[str, Any]:
+    """The finalize statement's parameters for runs completed with no error:
+    ``ends`` is (run id, claim token, seq of the terminal event) per run."""
+    runs = [
+        {"id": str(r), "token": str(t), "status": "completed", "error": None, "partial": partial}
+        for r, t, _ in ends
+    ]
+    events = [
+        {"run_id": str(r), "seq": seq, "type": "complete", "payload": '{"status": "completed"}'}
+        for r, _, seq in ends
+    ]
+    return {
+        "runs": json.dumps(runs),
+        "events": json.dumps(events),
+        "events_prefix": ch.events_prefix,
+        "wake_channel": ch.wake,
+    }
+
+
+def append_params(ch: Channels, rows: list[tuple[Any, Any, int, str, str]]) -> dict[str, Any]:
+    """The append_events statement's parameters: (run id, token, seq, type, payload JSON)."""
+    events = [
+        {"run_id": str(r), "token": str(t), "seq": seq, "type": etype, "payload": payload}
+        for r, t, seq, etype, payload in rows
+    ]
+    return {"events": json.dumps(events), "events_prefix": ch.events_prefix, "notify": True}
+
+
 def channels(schema: str) -> Channels:
     return Channels.for_schema(schema)
 

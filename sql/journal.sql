@@ -3,12 +3,13 @@
 -- name: append_events
 -- Flushes of one or more runs, each written only while its worker still holds the claim.
 -- Returns the runs whose rows landed; the NOTIFY rides the same statement, so a
--- fenced-out flush writes nothing and announces nothing.
+-- fenced-out flush writes nothing and announces nothing. The rows come as one JSON
+-- array of {run_id, token, seq, type, payload (JSON text)} objects.
 WITH ins AS (
     INSERT INTO {schema}.run_event (run_id, seq, type, payload)
-    SELECT e.run_id, e.seq, e.type, e.payload
-    FROM unnest(%(runs)b::uuid[], %(tokens)b::uuid[], %(seqs)b::integer[], %(types)b::text[],
-                %(payloads)b::jsonb[]) AS e(run_id, token, seq, type, payload)
+    SELECT e.run_id, e.seq, e.type, e.payload::jsonb
+    FROM jsonb_to_recordset(%(events)s::jsonb)
+         AS e(run_id uuid, token uuid, seq integer, type text, payload text)
     JOIN {schema}.agent_run a
       ON a.id = e.run_id AND a.claim_token = e.token AND a.status = 'running'
     RETURNING run_id

@@ -251,12 +251,14 @@ WHERE id = %(run_id)s AND claim_token = %(claim_token)s AND status = 'running'
 -- Terminal writes of one or more runs: pending journal rows, the terminal event, any
 -- streamed text not yet in the transcript, the status, and the wakes, all or nothing.
 -- A run missing from the result was already ended by someone else: stand down.
+-- The batch comes as two JSON arrays of objects (one parameter each: much cheaper to
+-- send than nine parallel arrays): %(runs)s of {id, token, status, error (JSON text or
+-- null), partial} and %(events)s of {run_id, seq, type, payload (JSON text)}.
 WITH f AS (
-    SELECT * FROM unnest(%(ids)b::uuid[], %(tokens)b::uuid[], %(statuses)b::text[],
-                         %(errors)b::jsonb[], %(partials)b::text[])
-             AS f(id, token, status, error, partial)
+    SELECT * FROM jsonb_to_recordset(%(runs)s::jsonb)
+             AS f(id uuid, token uuid, status text, error text, partial text)
 ), fin AS (
-    UPDATE {schema}.agent_run a SET status = f.status, error = f.error, finished_at = now()
+    UPDATE {schema}.agent_run a SET status = f.status, error = f.error::jsonb, finished_at = now()
     FROM f
     WHERE a.id = f.id AND a.claim_token = f.token AND a.status = 'running'
     RETURNING a.id, a.conversation_id, a.tenant_key, f.partial, f.status
@@ -269,9 +271,8 @@ WITH f AS (
     FROM fin WHERE fin.partial IS NOT NULL
 ), ev AS (
     INSERT INTO {schema}.run_event (run_id, seq, type, payload)
-    SELECT e.run_id, e.seq, e.type, e.payload
-    FROM unnest(%(ev_runs)b::uuid[], %(ev_seqs)b::integer[], %(ev_types)b::text[],
-                %(ev_payloads)b::jsonb[]) AS e(run_id, seq, type, payload)
+    SELECT e.run_id, e.seq, e.type, e.payload::jsonb
+    FROM jsonb_to_recordset(%(events)s::jsonb) AS e(run_id uuid, seq integer, type text, payload text)
     JOIN fin ON fin.id = e.run_id
 )
 -- The queue wake only when the ending can let an idle worker claim: the conversation

@@ -59,11 +59,18 @@ async def append(
     cur = await conn.execute(
         _sql.statement("append_events", schema),
         {
-            "runs": [run_id] * len(events),
-            "tokens": [token] * len(events),
-            "seqs": [e[0] for e in events],
-            "types": [e[1] for e in events],
-            "payloads": [json.dumps(e[2]) for e in events],
+            "events": json.dumps(
+                [
+                    {
+                        "run_id": str(run_id),
+                        "token": str(token),
+                        "seq": e[0],
+                        "type": e[1],
+                        "payload": json.dumps(e[2]),
+                    }
+                    for e in events
+                ]
+            ),
             "events_prefix": Channels.for_schema(schema).events_prefix,
             "notify": True,
         },
@@ -86,15 +93,27 @@ async def finalize(
     cur = await conn.execute(
         _sql.statement("finalize", schema),
         {
-            "ids": [run_id],
-            "tokens": [token],
-            "statuses": [status],
-            "errors": [None if error is None else json.dumps(error)],
-            "partials": [partial],
-            "ev_runs": [run_id],
-            "ev_seqs": [seq],
-            "ev_types": ["complete"],
-            "ev_payloads": [json.dumps({"status": status})],
+            "runs": json.dumps(
+                [
+                    {
+                        "id": str(run_id),
+                        "token": str(token),
+                        "status": status,
+                        "error": None if error is None else json.dumps(error),
+                        "partial": partial,
+                    }
+                ]
+            ),
+            "events": json.dumps(
+                [
+                    {
+                        "run_id": str(run_id),
+                        "seq": seq,
+                        "type": "complete",
+                        "payload": json.dumps({"status": status}),
+                    }
+                ]
+            ),
             "events_prefix": ch.events_prefix,
             "wake_channel": ch.wake,
         },

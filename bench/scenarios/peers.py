@@ -196,9 +196,7 @@ async def peers(b: Bench, earlier: list[Row]) -> tuple[list[Row], dict[str, Any]
         runnable.append((name, case, inflight, fn))
     # runrow itself at every in-flight count a peer reaches beyond the throughput cases.
     own = sorted({f for _, _, f, _ in runnable if f"c={f}" not in core})
-    runrow_fns = {
-        f: (lambda f=f: _runrow_drain(b, p.peer_jobs, f)) for f in own
-    }
+    runrow_fns = {f: (lambda f=f: _runrow_drain(b, p.peer_jobs, f)) for f in own}
     results: dict[tuple[str, str], list[float]] = {(n, c): [] for n, c, _, _ in runnable}
     own_results: dict[int, list[float]] = {f: [] for f in own}
     for rep in range(p.reps):

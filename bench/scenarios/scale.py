@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 import psycopg
-from lib import Bench, Row, channels, latency_rows, statement
+from lib import Bench, Row, channels, finalize_params, latency_rows, statement
 from psycopg import sql
 
 SEED = """
@@ -68,22 +68,7 @@ class _Probe:
         ms = (time.perf_counter() - t0) * 1000
         assert rows, "the scale probe ran out of queued runs"
         r = rows[0]
-        await self.conn.execute(
-            self.finalize,
-            {
-                "ids": [r[0]],
-                "tokens": [r[1]],
-                "statuses": ["completed"],
-                "errors": [None],
-                "partials": [None],
-                "ev_runs": [r[0]],
-                "ev_seqs": [int(r[-1]) + 1],
-                "ev_types": ["complete"],
-                "ev_payloads": ['{"status": "completed"}'],
-                "events_prefix": self.ch.events_prefix,
-                "wake_channel": self.ch.wake,
-            },
-        )
+        await self.conn.execute(self.finalize, finalize_params(self.ch, [(r[0], r[1], int(r[-1]) + 1)]))
         self.done.append(r[0])
         return ms
 

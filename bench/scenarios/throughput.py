@@ -8,7 +8,18 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import psycopg
-from lib import Bench, Row, channels, child, poll_until, ratio, statement, summary
+from lib import (
+    Bench,
+    Row,
+    append_params,
+    channels,
+    child,
+    finalize_params,
+    poll_until,
+    ratio,
+    statement,
+    summary,
+)
 
 import runrow
 
@@ -223,32 +234,23 @@ async def drain_bare(b: Bench, schema: str, n: int, workers: int, batch: int, op
             if op == "full":
                 await conn.execute(
                     append,
-                    {
-                        "runs": [i for i in ids for _ in range(2)],
-                        "tokens": [t for t in tokens for _ in range(2)],
-                        "seqs": [s + k for s in seq for k in range(2)],
-                        "types": ["content_delta", "tool_call"] * len(ids),
-                        "payloads": ['{"delta": "x"}', '{"name": "noop"}'] * len(ids),
-                        "events_prefix": ch.events_prefix,
-                        "notify": True,
-                    },
+                    append_params(
+                        ch,
+                        [
+                            (i, t, s + k, etype, payload)
+                            for i, t, s in zip(ids, tokens, seq, strict=True)
+                            for k, (etype, payload) in enumerate(
+                                (("content_delta", '{"delta": "x"}'), ("tool_call", '{"name": "noop"}'))
+                            )
+                        ],
+                    ),
                 )
                 seq = [s + 2 for s in seq]
             cur = await conn.execute(
                 finalize,
-                {
-                    "ids": ids,
-                    "tokens": tokens,
-                    "statuses": ["completed"] * len(ids),
-                    "errors": [None] * len(ids),
-                    "partials": ["x" if op == "full" else None] * len(ids),
-                    "ev_runs": ids,
-                    "ev_seqs": seq,
-                    "ev_types": ["complete"] * len(ids),
-                    "ev_payloads": ['{"status": "completed"}'] * len(ids),
-                    "events_prefix": ch.events_prefix,
-                    "wake_channel": ch.wake,
-                },
+                finalize_params(
+                    ch, list(zip(ids, tokens, seq, strict=True)), partial="x" if op == "full" else None
+                ),
             )
             done += len(await cur.fetchall())
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, TypeAlias
 
+import anyio
 import psycopg
 from psycopg import AsyncConnection
 from psycopg.pq import TransactionStatus
@@ -14,7 +15,7 @@ from . import _sql
 from .errors import InvalidInput, SchemaOutOfDate
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Callable
 
 Database: TypeAlias = str | AsyncConnectionPool[AsyncConnection] | AsyncConnection
 """Where runrow finds the database: a conninfo string, a pool or an open connection."""
@@ -125,3 +126,43 @@ def describe(exc: BaseException) -> str:
     if isinstance(exc, psycopg.Error) and exc.sqlstate:
         return f"{name} [{exc.sqlstate}]: {exc.diag.message_primary or ''}".rstrip(": ")
     return f"{name}: {exc}" if str(exc) else name
+
+
+class HeldConnection:
+    """One pooled connection that a serial loop (the claim loop, a group-commit writer)
+    keeps between its statements instead of taking one from the pool each time.
+
+    Getting and returning a pooled connection costs measurably per statement, and a
+    statement prepared on a connection the loop keeps stays warm. A statement that
+    fails gives the connection back for the pool to test (and replace if broken). With
+    a pool smaller than ``min_pool`` nothing is kept: the other writers need it.
+    """
+
+    def __init__(self, pool: Callable[[], AsyncConnectionPool[AsyncConnection]], *, min_pool: int) -> None:
+        self._pool = pool
+        self._min_pool = min_pool
+        self._conn: AsyncConnection | None = None
+
+    @asynccontextmanager
+    async def statement(self) -> AsyncIterator[AsyncConnection]:
+        """A connection for one self-contained statement, as ``statement_conn``."""
+        pool = self._pool()
+        if pool.max_size < self._min_pool:
+            async with statement_conn(pool) as conn:
+                yield conn
+            return
+        if self._conn is None:
+            self._conn = await pool.getconn()
+        try:
+            async with statement_conn(self._conn) as conn:
+                yield conn
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self.release()
+            raise
+
+    async def release(self) -> None:
+        """Gives the kept connection back to the pool (at shutdown, or after a failure)."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await self._pool().putconn(conn)

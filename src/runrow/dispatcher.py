@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import logging
 import os
 import socket
@@ -31,7 +32,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from . import _json, _sql
-from ._db import describe, require_schema, statement_conn
+from ._db import HeldConnection, describe, require_schema, statement_conn
 from ._groupcommit import GroupCommit
 from ._names import DEFAULT_SCHEMA, Channels, check_schema
 from .errors import ConfigurationError, InvalidInput, LeaseLost
@@ -40,7 +41,7 @@ from .journal import DEFAULT_MAX_EVENT_BYTES, AppendItem, JournalWriter
 from .run import Agent, RunContext
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Mapping, Sequence
+    from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
     from types import TracebackType
 
     from anyio.abc import TaskGroup
@@ -257,10 +258,12 @@ class Dispatcher:
         self._tg: TaskGroup | None = None
         self._claim_scope = anyio.CancelScope()
         self._claim_done = anyio.Event()
-        # The claim loop keeps one pooled connection between claims: its prepared claim
-        # stays warm (a statement reaches its cached generic plan only after several
-        # executions on one connection, and the pool hands connections out in turn).
-        self._claim_conn: AsyncConnection | None = None
+        # The claim loop and the finalize writer keep one pooled connection each: their
+        # prepared statements stay warm (a statement reaches its cached generic plan only
+        # after several executions on one connection, and the pool hands connections
+        # out in turn), and no pool round trip per statement.
+        self._claim_conn = HeldConnection(lambda: self.pool, min_pool=2)
+        self._finalize_conn = HeldConnection(lambda: self.pool, min_pool=4)
         self._loops: list[anyio.CancelScope] = []
         self._loops_running = 0
         self._loops_done = anyio.Event()
@@ -436,6 +439,8 @@ class Dispatcher:
         return self._report
 
     async def _close_resources(self) -> None:
+        with anyio.CancelScope(shield=True):
+            await self._finalize_conn.release()
         # The hub's task group must exit in the scope it was entered in (no shield here).
         if self._owns_hub and self._hub is not None and self._hub.running:
             await self._hub.__aexit__(None, None, None)
@@ -467,15 +472,8 @@ class Dispatcher:
             await self._claim_until_stopped()
         finally:
             with anyio.CancelScope(shield=True):
-                await self._release_claim_conn()
+                await self._claim_conn.release()
             self._claim_done.set()
-
-    async def _release_claim_conn(self) -> None:
-        """Gives the claim connection back to the pool, which tests and replaces it
-        if it is broken (after a failed claim) or simply keeps it."""
-        conn, self._claim_conn = self._claim_conn, None
-        if conn is not None:
-            await self.pool.putconn(conn)
 
     async def _claim_until_stopped(self) -> None:
         with self._claim_scope:
@@ -499,8 +497,6 @@ class Dispatcher:
                     rows = []
                     self._waker.set()
                 except (psycopg.Error, OSError, TimeoutError) as exc:
-                    with anyio.CancelScope(shield=True):
-                        await self._release_claim_conn()
                     for _ in range(want):
                         self._slots.release()
                     self._db_trouble()
@@ -521,17 +517,13 @@ class Dispatcher:
 
     async def _claim(self, limit: int) -> list[dict[str, Any]]:
         t0 = anyio.current_time()
-        if self._claim_conn is None:
-            self._claim_conn = await self.pool.getconn()
-        async with statement_conn(self._claim_conn) as conn:
+        async with self._claim_conn.statement() as conn:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(
                 self._queries["claim"],
                 {"limit": limit, "lease_seconds": self.lease, "worker_id": self.worker_id, "now": None},
             )
             rows = await cur.fetchall()
-        if self.pool.max_size < 2:  # a one-connection pool: the other writes need it
-            await self._release_claim_conn()
         self.stats["claims"] += 1
         self.stats["claimed"] += len(rows)
         if self.observers and rows:
@@ -764,17 +756,16 @@ class Dispatcher:
             log.debug("pool check failed: %s", describe(exc), extra={"worker_id": self.worker_id})
 
     async def _append_batch(self, items: list[AppendItem]) -> list[bool]:
-        runs, seqs, types, payloads = _columns([(run_id, rows) for run_id, _, rows in items])
-        tokens = [token for _, token, rows in items for _ in rows]
+        events = _batch_json(
+            {"run_id": str(run_id), "token": str(token), "seq": seq, "type": etype, "payload": payload}
+            for run_id, token, rows in items
+            for seq, etype, payload in rows
+        )
         async with statement_conn(self.pool) as conn:
             cur = await conn.execute(
                 self._queries["append_events"],
                 {
-                    "runs": runs,
-                    "tokens": tokens,
-                    "seqs": seqs,
-                    "types": types,
-                    "payloads": payloads,
+                    "events": events,
                     "events_prefix": self.channels.events_prefix,
                     "notify": self.journal_notify,
                 },
@@ -783,20 +774,21 @@ class Dispatcher:
         return [run_id in landed for run_id, _, _ in items]
 
     async def _finalize_batch(self, items: list[_FinalItem]) -> list[bool]:
-        ev_runs, ev_seqs, ev_types, ev_payloads = _columns([(i[0], i[5]) for i in items])
-        async with statement_conn(self.pool) as conn:
+        runs = _batch_json(
+            {"id": str(i[0]), "token": str(i[1]), "status": i[2], "error": i[3], "partial": i[4]}
+            for i in items
+        )
+        events = _batch_json(
+            {"run_id": str(i[0]), "seq": seq, "type": etype, "payload": payload}
+            for i in items
+            for seq, etype, payload in i[5]
+        )
+        async with self._finalize_conn.statement() as conn:
             cur = await conn.execute(
                 self._queries["finalize"],
                 {
-                    "ids": [i[0] for i in items],
-                    "tokens": [i[1] for i in items],
-                    "statuses": [i[2] for i in items],
-                    "errors": [i[3] for i in items],
-                    "partials": [i[4] for i in items],
-                    "ev_runs": ev_runs,
-                    "ev_seqs": ev_seqs,
-                    "ev_types": ev_types,
-                    "ev_payloads": ev_payloads,
+                    "runs": runs,
+                    "events": events,
                     "events_prefix": self.channels.events_prefix,
                     "wake_channel": self.channels.wake,
                 },
@@ -936,21 +928,10 @@ class Dispatcher:
             self._waker.set()
 
 
-def _columns(
-    batches: list[tuple[uuid.UUID, list[tuple[int, str, str]]]],
-) -> tuple[list[uuid.UUID], list[int], list[str], list[str]]:
-    """Journal rows of many runs as parallel arrays, the shape unnest() reads."""
-    runs: list[uuid.UUID] = []
-    seqs: list[int] = []
-    types: list[str] = []
-    payloads: list[str] = []
-    for run_id, rows in batches:
-        for seq, etype, payload in rows:
-            runs.append(run_id)
-            seqs.append(seq)
-            types.append(etype)
-            payloads.append(payload)
-    return runs, seqs, types, payloads
+def _batch_json(rows: Iterable[dict[str, Any]]) -> str:
+    """A batch as one JSON array of objects, the shape jsonb_to_recordset() reads. (The
+    values are ids, numbers and text already checked for jsonb; payloads travel as text.)"""
+    return json.dumps(list(rows), ensure_ascii=False, separators=(",", ":"))
 
 
 async def reap_expired(
