@@ -62,8 +62,8 @@ PROFILES = {
     "quick": Profile(
         name="quick",
         reps=2,
-        runs=400,
-        peer_jobs=400,
+        runs=1_000,
+        peer_jobs=1_000,
         enqueue_runs=200,
         latency_samples=40,
         cancel_samples=8,

@@ -124,6 +124,10 @@ def validate_event(event: Mapping[str, Any], max_bytes: int) -> tuple[str, dict[
     return etype, payload
 
 
+# The terminal event's JSON for the endings that carry nothing but their status.
+_STATUS_ONLY = {s: _json.dumps({"status": s}, "event") for s in ("completed", "failed", "cancelled")}
+
+
 class JournalWriter:
     """Writes one run's events: merges text deltas, flushes on a clock, fenced.
 
@@ -292,7 +296,12 @@ class JournalWriter:
 
     def final_rows(self, terminal: dict[str, Any]) -> list[tuple[int, str, str]]:
         """Pending text plus the terminal event, numbered, for the finalize statement."""
-        return self._number([*self._take_pending(), (TERMINAL_EVENT, terminal)])
+        rows = self._number(self._take_pending())
+        seq = self.next_seq + len(rows)
+        if len(terminal) == 1 and terminal.get("status") in _STATUS_ONLY:
+            # Most endings are just {"status": ...}: their JSON is known in advance.
+            return [*rows, (seq, TERMINAL_EVENT, _STATUS_ONLY[terminal["status"]])]
+        return [*rows, (seq, TERMINAL_EVENT, _json.dumps(terminal, "event"))]
 
     def _check(self) -> None:
         if self.broken is not None:
