@@ -158,11 +158,15 @@ WITH RECURSIVE lim (n) AS (
         FROM {schema}.agent_run r
         WHERE r.status = 'queued' AND r.tenant_key = s.tenant_key
           AND (r.not_before IS NULL OR r.not_before <= coalesce(%(now)s::timestamptz, now()))
+          -- (OFFSET 0 keeps this a per-row probe of the conversation's index entries;
+          -- planned as an anti-join on stale statistics, it scanned the whole queue for
+          -- every queued run.)
           AND NOT EXISTS (
               SELECT 1 FROM {schema}.agent_run o
               WHERE o.conversation_id = r.conversation_id
                 AND o.status IN ('queued', 'running')
-                AND (o.status = 'running' OR o.queue_order < r.queue_order))
+                AND (o.status = 'running' OR o.queue_order < r.queue_order)
+              OFFSET 0)
         ORDER BY r.priority DESC, r.queue_order
         LIMIT s.offer
     ) h
@@ -174,10 +178,9 @@ WITH RECURSIVE lim (n) AS (
     FROM ranked
 ), candidate AS (
     SELECT a.id
-    FROM picked CROSS JOIN LATERAL unnest(picked.ids) WITH ORDINALITY AS p(id, ord)
-    JOIN {schema}.agent_run a ON a.id = p.id
-    WHERE a.status = 'queued'
-    ORDER BY p.ord
+    FROM {schema}.agent_run a
+    WHERE a.id = ANY ((SELECT ids FROM picked)::uuid[]) AND a.status = 'queued'
+    ORDER BY array_position((SELECT ids FROM picked)::uuid[], a.id)
     LIMIT (SELECT n FROM lim)
     FOR UPDATE OF a SKIP LOCKED
 )
@@ -207,11 +210,12 @@ WITH lim (n) AS (
     FROM {schema}.agent_run r
     WHERE r.status = 'queued'
       AND (r.not_before IS NULL OR r.not_before <= coalesce(%(now)s::timestamptz, now()))
-      AND NOT EXISTS (
+      AND NOT EXISTS (  -- a per-row probe (OFFSET 0), as in the fair claim
           SELECT 1 FROM {schema}.agent_run o
           WHERE o.conversation_id = r.conversation_id
             AND o.status IN ('queued', 'running')
-            AND (o.status = 'running' OR o.queue_order < r.queue_order))
+            AND (o.status = 'running' OR o.queue_order < r.queue_order)
+          OFFSET 0)
     ORDER BY r.queue_order
     LIMIT (SELECT n FROM lim)
     FOR UPDATE SKIP LOCKED
