@@ -310,7 +310,9 @@ class Dispatcher:
         if isinstance(self._db, str):
             self._pool = AsyncConnectionPool(
                 self._db,
-                min_size=1,
+                # Ready at start for the claim loop, the ending writer, the journal
+                # writer and the heartbeat: the first runs do not wait on connecting.
+                min_size=min(4, self.concurrency + 4),
                 max_size=self.concurrency + 4,
                 open=False,
                 # Behind a transaction-pooling pgbouncer (< 1.21), server-side prepared
