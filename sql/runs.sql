@@ -171,16 +171,17 @@ WITH RECURSIVE lim (n) AS (
         LIMIT s.offer
     ) h
 ), picked AS (
-    -- The best 4 x %(limit)s candidates in claim order, as one array: the lock below then
-    -- probes the primary key for exactly these rows instead of joining the queue.
-    SELECT (array_agg(ranked.id ORDER BY ranked.load, ranked.priority DESC, ranked.queue_order))
-               [1:4 * (SELECT n FROM lim)] AS ids
+    -- The best 4 x %(limit)s candidates in claim order, as one array of queue_order (unique,
+    -- and the key of agent_run_queued_idx): the lock below then probes that index for
+    -- exactly these rows, as an index condition, whatever the statistics say.
+    SELECT (array_agg(ranked.queue_order ORDER BY ranked.load, ranked.priority DESC, ranked.queue_order))
+               [1:4 * (SELECT n FROM lim)] AS orders
     FROM ranked
 ), candidate AS (
     SELECT a.id
     FROM {schema}.agent_run a
-    WHERE a.id = ANY ((SELECT ids FROM picked)::uuid[]) AND a.status = 'queued'
-    ORDER BY array_position((SELECT ids FROM picked)::uuid[], a.id)
+    WHERE a.queue_order = ANY ((SELECT orders FROM picked)::bigint[]) AND a.status = 'queued'
+    ORDER BY array_position((SELECT orders FROM picked)::bigint[], a.queue_order)
     LIMIT (SELECT n FROM lim)
     FOR UPDATE OF a SKIP LOCKED
 )
