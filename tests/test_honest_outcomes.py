@@ -79,3 +79,45 @@ async def test_a_reaped_run_that_was_being_stopped_is_cancelled_and_still_lists_
     assert await _reap(conn, schema, run.id) == [run.id]
     end = (await assert_journal_sound(conn, schema, run.id))[-1][2]
     assert end["status"] == "cancelled" and end["uncertain_tool_calls"] == [{"tool_call_id": 7, "name": "n"}]
+
+
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise ValueError("no message for you")
+
+
+async def test_an_agent_error_with_an_unstorable_message_is_recorded_and_the_worker_carries_on(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    """A NUL (jsonb refuses it), a lone surrogate (not UTF-8) or a failing __str__ in an
+    agent's exception once crashed the whole dispatcher, taking its other runs along."""
+    from .helpers import is_terminal, wait_for
+
+    raised: dict[str, BaseException] = {
+        "nul": RuntimeError("bad\x00byte"),
+        "surrogate": RuntimeError("lone \ud800 half"),
+        "unprintable": _Unprintable(),
+    }
+
+    async def agent(run: runrow.RunContext) -> None:
+        if run.conversation_id in raised:
+            raise raised[run.conversation_id]
+
+    runs = {
+        c: await runrow.enqueue(dsn, schema=schema, conversation_id=c, user_id="u", content="x")
+        for c in [*raised, "fine"]
+    }
+    async with runrow.Dispatcher(dsn, agent, schema=schema, concurrency=4, poll=0.2) as d:
+        for run in runs.values():
+            await wait_for(lambda run=run: is_terminal(conn, schema, run.id), what="every run to end")
+        assert d.stats["failed"] == 3 and d.stats["completed"] == 1
+    rows = {c: await run_row(conn, schema, r.id) for c, r in runs.items()}
+    assert rows["fine"]["status"] == "completed"
+    assert rows["nul"]["error"] == {"type": "RuntimeError", "message": "bad\ufffdbyte"}
+    assert rows["surrogate"]["error"] == {"type": "RuntimeError", "message": "lone ? half"}
+    assert rows["unprintable"]["error"] == {
+        "type": "_Unprintable",
+        "message": "<_Unprintable with an unprintable message>",
+    }
+    for r in runs.values():
+        await assert_journal_sound(conn, schema, r.id)

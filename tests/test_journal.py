@@ -275,6 +275,7 @@ def test_deltas_are_checked_without_serialising_the_whole_event() -> None:
         {"type": "content_delta", "delta": "\ud800"},  # a lone surrogate is not text
         {"type": "content_delta", "delta": "ok", "stream": object()},  # other keys: still JSON
         {"type": "content_delta", "delta": "ok", "stream": "nul\x00"},
+        {"type": "tool_call", "name": "lone \ud800"},  # structural events too: InvalidInput
     ):
         with pytest.raises(runrow.InvalidInput):
             validate_event(bad, 10)

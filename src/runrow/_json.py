@@ -20,7 +20,11 @@ def dumps(value: Any, field: str, max_bytes: int | None = None) -> str:
         raise InvalidInput(field, f"must be JSON-serialisable ({exc})") from None
     if "\\u0000" in text and _NUL.search(text):
         raise InvalidInput(field, "must not contain NUL characters (\\u0000); jsonb rejects them")
-    if max_bytes is not None and len(text.encode()) > max_bytes:
+    try:
+        size = len(text.encode())
+    except UnicodeEncodeError:
+        raise InvalidInput(field, "must be valid Unicode text (it holds a lone surrogate)") from None
+    if max_bytes is not None and size > max_bytes:
         raise InvalidInput(field, f"is larger than the limit of {max_bytes} bytes")
     return text
 

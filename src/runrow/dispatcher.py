@@ -552,6 +552,15 @@ class Dispatcher:
         active = self._active[row["id"]]
         try:
             await self._execute_claimed(active, row)
+        except Exception:
+            # A bug of runrow's must not take the worker and its other runs down with
+            # this one: the run stays claimed until its lease lapses and a reaper ends it.
+            self._unrecorded.add(active.id)
+            log.exception(
+                "run %s: unexpected error; its ending is left to the reaper",
+                active.id,
+                extra={"run_id": str(active.id), "worker_id": self.worker_id},
+            )
         finally:
             self._active.pop(active.id, None)
             self._free_slot(active)
@@ -617,7 +626,7 @@ class Dispatcher:
                     self._lost(run_id)
                 except Exception as exc:
                     status = "failed"
-                    error = {"type": type(exc).__name__, "message": str(exc)[:2000]}
+                    error = _failure(exc)
         finally:
             journal.start_flusher = None
             if helpers:
@@ -928,6 +937,17 @@ class Dispatcher:
             self._observe(lambda o: o.reaped(count=n))
         if n:
             self._waker.set()
+
+
+def _failure(exc: BaseException) -> dict[str, str]:
+    """The error recorded for an agent that raised ``exc``: its type and message, made
+    storable whatever the message holds (jsonb refuses NUL; UTF-8, lone surrogates)."""
+    try:
+        message = str(exc)[:2000]
+    except Exception:  # an exception whose __str__ itself fails
+        message = f"<{type(exc).__name__} with an unprintable message>"
+    message = message.replace("\x00", "\ufffd").encode("utf-8", "replace").decode("utf-8")
+    return {"type": type(exc).__name__, "message": message}
 
 
 def _batch_json(rows: Iterable[dict[str, Any]]) -> str:
