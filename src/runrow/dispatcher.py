@@ -665,9 +665,12 @@ class Dispatcher:
             )
 
     def _start_helper(self, helpers: list[_Helper], fn: Callable[[], Awaitable[None]]) -> None:
+        if self._tg is None:
+            # Shutting down past the drain: the run is being cut; its ending writes any
+            # pending text, and no clock needs to start now.
+            return
         helper = _Helper()
         helpers.append(helper)
-        assert self._tg is not None
         self._tg.start_soon(helper.run, fn)
 
     async def _deadline_watch(self, active: _Active, seconds: float) -> None:
