@@ -97,7 +97,9 @@ WHERE user_id = %(user_id)s AND idempotency_key = %(idempotency_key)s
 -- Cost: the tenants with queued work are found by a skip scan of the fair index (one
 -- probe each); each tenant offers its first eligible run and, if its share is low
 -- enough to matter, a few more (see threshold), read from the index in claim order, so
--- a hot tenant's long queue is never scanned. Only the best candidates are locked
+-- a hot tenant's long queue is never scanned (on statistics that say nothing is queued,
+-- the planner may still read it once per claim: linear, never once per queued run; see
+-- tests/test_claim_plan.py). Only the best candidates are locked
 -- (SKIP LOCKED, in claim order, stopping at %(limit)s); those a concurrent claim holds
 -- are skipped. A single claim's pick is exact; a batch is exact unless tenants' runs are
 -- blocked (conversation order, not_before), when it may come back smaller. The unique index
