@@ -153,8 +153,9 @@ class Dispatcher:
     ``db`` is a conninfo string (the dispatcher opens its own pool) or an
     ``AsyncConnectionPool`` (whose conninfo the hub also uses for its direct LISTEN
     connection; pass ``hub=`` to share one hub or ``notifications=False`` to poll only).
-    The claim loop keeps one of the pool's connections between claims (unless the pool
-    holds only one); the dispatcher's own pool has ``concurrency + 4``.
+    The claim loop and the two writers (endings, journal) each keep one of the pool's
+    connections between statements, when the pool is large enough to spare them (see
+    docs/howto/workers.md); the dispatcher's own pool has ``concurrency + 4``.
 
     Timing options are seconds: ``lease`` (30) is how long a claim lives without a
     heartbeat, ``heartbeat`` (10) how often it is renewed (well under the lease),
@@ -258,12 +259,13 @@ class Dispatcher:
         self._tg: TaskGroup | None = None
         self._claim_scope = anyio.CancelScope()
         self._claim_done = anyio.Event()
-        # The claim loop and the finalize writer keep one pooled connection each: their
+        # The claim loop and the two group-commit writers keep one pooled connection each: their
         # prepared statements stay warm (a statement reaches its cached generic plan only
         # after several executions on one connection, and the pool hands connections
         # out in turn), and no pool round trip per statement.
         self._claim_conn = HeldConnection(lambda: self.pool, min_pool=2)
         self._finalize_conn = HeldConnection(lambda: self.pool, min_pool=4)
+        self._append_conn = HeldConnection(lambda: self.pool, min_pool=6)
         self._loops: list[anyio.CancelScope] = []
         self._loops_running = 0
         self._loops_done = anyio.Event()
@@ -443,6 +445,7 @@ class Dispatcher:
     async def _close_resources(self) -> None:
         with anyio.CancelScope(shield=True):
             await self._finalize_conn.release()
+            await self._append_conn.release()
         # The hub's task group must exit in the scope it was entered in (no shield here).
         if self._owns_hub and self._hub is not None and self._hub.running:
             await self._hub.__aexit__(None, None, None)
@@ -775,7 +778,7 @@ class Dispatcher:
             for run_id, token, rows in items
             for seq, etype, payload in rows
         )
-        async with statement_conn(self.pool) as conn:
+        async with self._append_conn.statement() as conn:
             cur = await conn.execute(
                 self._queries["append_events"],
                 {
