@@ -102,8 +102,9 @@ WHERE user_id = %(user_id)s AND idempotency_key = %(idempotency_key)s
 -- tests/test_claim_plan.py). Only the best candidates are locked
 -- (SKIP LOCKED, in claim order, stopping at %(limit)s); those a concurrent claim holds
 -- are skipped. A single claim's pick is exact; a batch is exact unless tenants' runs are
--- blocked (conversation order, not_before), when it may come back smaller. The unique index
--- one_running_per_conversation is still the guarantee.
+-- blocked (conversation order, not_before), when it may come back smaller. With one
+-- tenant queued (solo, below) none of that ranking runs: its queue is walked in order.
+-- The unique index one_running_per_conversation is still the guarantee.
 -- The batch size is read through a one-row CTE, not used inline: the planner then cannot
 -- specialise a plan on it, so a prepared claim settles on its generic plan instead of
 -- planning the whole statement again on every call (about half of the claim's cost).
@@ -179,13 +180,39 @@ WITH RECURSIVE lim (n) AS (
     SELECT (array_agg(ranked.queue_order ORDER BY ranked.load, ranked.priority DESC, ranked.queue_order))
                [1:4 * (SELECT n FROM lim)] AS orders
     FROM ranked
-), candidate AS (
+), fair_candidate AS (
     SELECT a.id
     FROM {schema}.agent_run a
     WHERE a.queue_order = ANY ((SELECT orders FROM picked)::bigint[]) AND a.status = 'queued'
     ORDER BY array_position((SELECT orders FROM picked)::bigint[], a.queue_order)
     LIMIT (SELECT n FROM lim)
     FOR UPDATE OF a SKIP LOCKED
+), solo AS (
+    -- One tenant with queued work (the usual case): the fair order is just its own order
+    -- (priority DESC, queue_order), so its runs are read, checked and locked lazily from
+    -- the index, stopping at %(limit)s (or its cap): no ranking, no oversampling, and a
+    -- lock race only moves the scan on.
+    SELECT s.tenant_key, least((SELECT n FROM lim), s.room) AS room
+    FROM share s
+    WHERE (SELECT count(*) FROM share) = 1
+), solo_candidate AS (
+    SELECT r.id
+    FROM {schema}.agent_run r
+    WHERE r.status = 'queued' AND r.tenant_key = (SELECT tenant_key FROM solo)
+      AND (r.not_before IS NULL OR r.not_before <= coalesce(%(now)s::timestamptz, now()))
+      AND NOT EXISTS (  -- a per-row probe (OFFSET 0), as above
+          SELECT 1 FROM {schema}.agent_run o
+          WHERE o.conversation_id = r.conversation_id
+            AND o.status IN ('queued', 'running')
+            AND (o.status = 'running' OR o.queue_order < r.queue_order)
+          OFFSET 0)
+    ORDER BY r.priority DESC, r.queue_order
+    LIMIT (SELECT room FROM solo)
+    FOR UPDATE OF r SKIP LOCKED
+), candidate AS (
+    SELECT id FROM solo_candidate
+    UNION ALL
+    SELECT id FROM fair_candidate WHERE NOT EXISTS (SELECT 1 FROM solo)
 )
 UPDATE {schema}.agent_run a SET
     status            = 'running',
@@ -195,8 +222,9 @@ UPDATE {schema}.agent_run a SET
     worker_id         = %(worker_id)s,
     started_at        = coalesce(%(now)s::timestamptz, clock_timestamp()),
     last_heartbeat_at = coalesce(%(now)s::timestamptz, clock_timestamp())
-FROM candidate
-WHERE a.id = candidate.id
+-- (By primary key from an array, not joined: joined, a long queue's estimates could
+-- turn the join into a hash of the whole table.)
+WHERE a.id = ANY (ARRAY(SELECT id FROM candidate))
 RETURNING a.id, a.claim_token, a.conversation_id, a.user_id, a.tenant_id, a.request,
     a.user_message_id, a.cancel_requested, a.created_at, a.started_at, a.deadline_at, a.priority,
     (SELECT m.content FROM {schema}.message m WHERE m.id = a.user_message_id) AS content,

@@ -129,6 +129,33 @@ async def test_a_hot_tenants_10000_runs_do_not_delay_another_tenants_run(
     assert plan["rows_from_agent_run"] < 500, plan
 
 
+async def test_one_tenants_claim_reads_past_runs_another_claim_has_locked(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    # One tenant with queued work: the claim walks its queue in order and skips what a
+    # concurrent claim holds, however much that is (no fixed pool of candidates to run
+    # out of), and still takes the oldest runs it can.
+    await seed(conn, schema, tenant=None, n=30, conversations=30)
+    order = [
+        r[0]
+        for r in await rows(
+            conn,
+            sql.SQL("SELECT id FROM {} WHERE status = 'queued' ORDER BY queue_order").format(
+                table(schema, "agent_run")
+            ),
+        )
+    ]
+    async with await psycopg.AsyncConnection.connect(dsn) as other, other.transaction():
+        await other.execute(
+            sql.SQL("SELECT 1 FROM {} WHERE id = ANY(%s) FOR UPDATE").format(table(schema, "agent_run")),
+            [order[:20]],
+        )
+        got = await manual.claim(conn, schema, limit=2)
+        assert sorted(r["id"] for r in got) == sorted(order[20:22])  # (a batch comes unordered)
+    # With the locks gone, the claim starts again from the oldest.
+    assert sorted(r["id"] for r in await manual.claim(conn, schema, limit=3)) == sorted(order[:3])
+
+
 async def _explain_claim(conn: psycopg.AsyncConnection, schema: str) -> dict[str, int]:
     from runrow import _sql
 
