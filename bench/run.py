@@ -122,8 +122,9 @@ def plot(path: Path, data: dict[str, dict[Any, float]]) -> None:
         "runrow": ("o-", "runrow (Dispatcher)"),
         "bare": ("s--", "bare SQL, claim 1 + finalize 1"),
         "bare_batched": ("^--", "bare SQL, claim 10 + finalize 10"),
+        "bare_pipelined": ("*--", "bare SQL, runrow's loop: claim c while the last finalize runs"),
         "pgqueuer b1": ("v:", "pgqueuer, c workers x batch 1"),
-        "pgqueuer b2 max4": ("P:", "pgqueuer, 1 worker, batch 2, max 4 picked"),
+        "pgqueuer 1 worker": ("P:", "pgqueuer, 1 worker, batch c/2, max c picked"),
         "pgqueuer b10": ("D:", "pgqueuer, c/10 workers x batch 10"),
         "procrastinate": ("x:", "procrastinate"),
     }

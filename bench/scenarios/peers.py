@@ -244,7 +244,9 @@ async def peers(b: Bench, earlier: list[Row]) -> tuple[list[Row], dict[str, Any]
         runrow_rate = runrow_at.get(inflight)
         c = int(case.split("=")[1])
         same = inflight == c
-        plot.setdefault(name, {})[inflight] = med
+        # (The one-worker pgqueuer configurations differ in name per c: one series.)
+        series = "pgqueuer 1 worker" if " max" in name else name
+        plot.setdefault(series, {})[inflight] = med
         if same:
             best[case] = max(best.get(case, 0.0), med)
         label = f"{name} {case}" if same else f"{name} {case} ({inflight} in flight)"

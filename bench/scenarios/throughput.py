@@ -268,6 +268,47 @@ async def drain_bare(b: Bench, schema: str, n: int, workers: int, batch: int, op
     return n / elapsed
 
 
+async def drain_bare_pipelined(b: Bench, schema: str, n: int, concurrency: int) -> float:
+    """runrow's own loop with nothing of runrow's Python: one connection claims up to
+    ``concurrency`` runs while a second writes the previous batch's endings, so a claim
+    and an ending are in flight together, as in the Dispatcher with no-op agents.
+    The ceiling for the Dispatcher's design at this concurrency, on this server."""
+    await _enqueue_ops(b, schema, n, "noop")
+    claim = statement("claim", schema)
+    finalize = statement("finalize", schema)
+    ch = channels(schema)
+    claimer, writer = await _connections(b.conninfo, 2)
+    done = 0
+
+    async def end(batch: list[Any]) -> None:
+        nonlocal done
+        cur = await writer.execute(
+            finalize, finalize_params(ch, [(r[0], r[1], int(r[-1]) + 1) for r in batch])
+        )
+        done += len(await cur.fetchall())
+
+    try:
+        t0 = time.monotonic()
+        previous: list[Any] = []
+        while True:
+            async with anyio.create_task_group() as tg:
+                if previous:
+                    tg.start_soon(end, previous)
+                cur = await claimer.execute(
+                    claim, {"limit": concurrency, "lease_seconds": 30.0, "worker_id": "bare", "now": None}
+                )
+                previous = await cur.fetchall()
+            if not previous:
+                break
+        elapsed = time.monotonic() - t0
+    finally:
+        await claimer.close()
+        await writer.close()
+    if done != n:
+        raise RuntimeError(f"pipelined bare loop finished {done} of {n} runs")
+    return n / elapsed
+
+
 # -- the scenarios ------------------------------------------------------------------------
 
 
@@ -294,7 +335,7 @@ async def throughput(b: Bench, op: str, concurrencies: tuple[int, ...]) -> tuple
     p = b.profile
     scenario = "throughput_core" if op == "noop" else "throughput_full"
     rows: list[Row] = []
-    plot: dict[str, Any] = {"runrow": {}, "bare": {}, "bare_batched": {}}
+    plot: dict[str, Any] = {"runrow": {}, "bare": {}, "bare_batched": {}, "bare_pipelined": {}}
     # A short warm-up so the first measured case does not pay for cold caches.
     async with b.schema("warm") as s:
         await drain_runrow(b, s, min(200, p.runs), 4, op)
@@ -316,7 +357,10 @@ async def throughput(b: Bench, op: str, concurrencies: tuple[int, ...]) -> tuple
             def batched(s: str, c: int = c) -> Awaitable[float]:
                 return drain_bare(b, s, n, c, 10, op)
 
-            fns.append(batched)
+            def pipelined(s: str, c: int = c) -> Awaitable[float]:
+                return drain_bare_pipelined(b, s, n, c)
+
+            fns += [batched, pipelined]
         res = await _interleaved(b, "tp", fns)
         med, lo, hi = summary(res[0])
         base = summary(res[1])[0]
@@ -361,6 +405,22 @@ async def throughput(b: Bench, op: str, concurrencies: tuple[int, ...]) -> tuple
                     ratio(med, bmed),
                     goal,
                     met,
+                    samples=res[0],
+                )
+            )
+            pmed, plo, phi = summary(res[3])
+            plot["bare_pipelined"][c] = pmed
+            rows.append(
+                Row(
+                    scenario,
+                    f"{label} vs bare pipelined",
+                    med,
+                    "runs/s",
+                    lo,
+                    hi,
+                    pmed,
+                    f"bare claim-{c} || previous finalize ({plo:.0f}-{phi:.0f})",
+                    ratio(med, pmed),
                     samples=res[0],
                 )
             )
