@@ -259,8 +259,7 @@ UPDATE {schema}.agent_run a SET
     worker_id         = %(worker_id)s,
     started_at        = coalesce(%(now)s::timestamptz, clock_timestamp()),
     last_heartbeat_at = coalesce(%(now)s::timestamptz, clock_timestamp())
-FROM candidate
-WHERE a.id = candidate.id
+WHERE a.id = ANY (ARRAY(SELECT id FROM candidate))  -- (by primary key, as in the fair claim)
 RETURNING a.id, a.claim_token, a.conversation_id, a.user_id, a.tenant_id, a.request,
     a.user_message_id, a.cancel_requested, a.created_at, a.started_at, a.deadline_at, a.priority,
     (SELECT m.content FROM {schema}.message m WHERE m.id = a.user_message_id) AS content,

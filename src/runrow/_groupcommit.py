@@ -80,8 +80,11 @@ class GroupCommit(Generic[T, R]):
         self.batches += 1
         self.items += len(batch)
         try:
-            with anyio.fail_after(self._timeout):
+            # (A bare deadline scope, not fail_after: its context manager costs per batch.)
+            with anyio.CancelScope(deadline=anyio.current_time() + self._timeout) as bound:
                 results = await self._write([item for item, _ in batch])
+            if bound.cancelled_caught:
+                raise TimeoutError("database write did not finish in time")
         except psycopg.IntegrityError as exc:
             if len(batch) == 1:
                 self._fail(batch, exc)
