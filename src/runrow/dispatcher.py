@@ -494,7 +494,9 @@ class Dispatcher:
                     # Shielded: a claim the server committed must reach us, or its runs
                     # would sit "running" with no worker until the reaper failed them.
                     # (One scope that is both shield and bound: cheaper than two.)
-                    with anyio.CancelScope(shield=True, deadline=anyio.current_time() + self.lease / 2) as bound:
+                    with anyio.CancelScope(
+                        shield=True, deadline=anyio.current_time() + self.lease / 2
+                    ) as bound:
                         rows = await self._claim(want)
                     if bound.cancelled_caught:
                         raise TimeoutError("claim did not finish in time")
