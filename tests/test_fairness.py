@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import anyio
 import psycopg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from psycopg import sql
 
 import runrow
@@ -154,6 +156,70 @@ async def test_one_tenants_claim_reads_past_runs_another_claim_has_locked(
         assert sorted(r["id"] for r in got) == sorted(order[20:22])  # (a batch comes unordered)
     # With the locks gone, the claim starts again from the oldest.
     assert sorted(r["id"] for r in await manual.claim(conn, schema, limit=3)) == sorted(order[:3])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    # (conversation, priority, delayed an hour): enough conversations that several turns
+    # are eligible at once, so that order, batch size and cap all decide something.
+    turns=st.lists(
+        st.tuples(st.sampled_from("abcdefgh"), st.sampled_from([0, 1, 5]), st.booleans()),
+        min_size=2,
+        max_size=16,
+    ),
+    started=st.integers(min_value=0, max_value=3),
+    cap=st.none() | st.integers(min_value=1, max_value=5),
+    limit=st.integers(min_value=1, max_value=5),
+)
+async def test_one_tenants_batch_is_exactly_the_documented_order(
+    dsn: str,
+    schema: str,
+    conn: psycopg.AsyncConnection,
+    turns: list[tuple[str, int, bool]],
+    started: int,
+    cap: int | None,
+    limit: int,
+) -> None:
+    # The claim of one tenant's runs against a model of the rules in runrow.tenants:
+    # eligible = queued, due, its conversation's oldest queued turn with none running;
+    # ranked by priority then age; at most the batch size and what the cap leaves.
+    await conn.execute(
+        sql.SQL("TRUNCATE {}, {}, {}, {}").format(
+            table(schema, "run_event"),
+            table(schema, "agent_run"),
+            table(schema, "message"),
+            table(schema, "tenant_policy"),
+        )
+    )
+    for conversation, priority, delayed in turns:
+        await _enqueue(
+            dsn,
+            schema,
+            None,
+            conversation,
+            priority=priority,
+            not_before=timedelta(hours=1) if delayed else None,
+        )
+    for _ in range(started):
+        await manual.claim(conn, schema, limit=1)
+    if cap is not None:
+        await runrow.set_tenant_policy(dsn, None, max_running=cap, schema=schema)
+    state = await rows(
+        conn,
+        sql.SQL(
+            "SELECT id, conversation_id, status, priority, queue_order, coalesce(not_before <= now(), true) FROM {}"
+        ).format(table(schema, "agent_run")),
+    )
+    running = [r for r in state if r[2] == "running"]
+    queued = [r for r in state if r[2] == "queued"]
+    busy = {r[1] for r in running}
+    oldest = {c: min(r[4] for r in queued if r[1] == c) for c in {r[1] for r in queued}}
+    eligible = sorted(
+        (r for r in queued if r[5] and r[1] not in busy and r[4] == oldest[r[1]]), key=lambda r: (-r[3], r[4])
+    )
+    room = limit if cap is None else max(0, min(limit, cap - len(running)))
+    got = await manual.claim(conn, schema, limit=limit)
+    assert sorted(r["id"] for r in got) == sorted(r[0] for r in eligible[:room])
 
 
 async def _explain_claim(conn: psycopg.AsyncConnection, schema: str) -> dict[str, int]:
