@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 import anyio
 import psycopg
 
+from . import _aio
+
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
@@ -24,7 +26,7 @@ class _Slot(Generic[R]):
     __slots__ = ("done", "error", "result")
 
     def __init__(self) -> None:
-        self.done = anyio.Event()
+        self.done = _aio.Event()
         self.result: R | None = None
         self.error: BaseException | None = None
 
@@ -39,7 +41,7 @@ class GroupCommit(Generic[T, R]):
         self._max_batch = max_batch
         self._timeout = timeout
         self._queue: list[tuple[T, _Slot[R]]] = []
-        self._kick = anyio.Event()
+        self._kick = _aio.Event()
         self.batches = 0
         self.items = 0
 
@@ -57,7 +59,7 @@ class GroupCommit(Generic[T, R]):
         if caller_shielded:
             await slot.done.wait()
         else:
-            with anyio.CancelScope(shield=True, deadline=anyio.current_time() + self._timeout + 5):
+            with anyio.CancelScope(shield=True, deadline=_aio.now() + self._timeout + 5):
                 await slot.done.wait()
         if not slot.done.is_set():
             raise TimeoutError("database write did not finish in time")
@@ -69,7 +71,7 @@ class GroupCommit(Generic[T, R]):
         """The writer loop; run it as a task for the lifetime of the owner."""
         while True:
             await self._kick.wait()
-            self._kick = anyio.Event()
+            self._kick = _aio.Event()
             while self._queue:
                 batch = self._queue[: self._max_batch]
                 del self._queue[: self._max_batch]
@@ -81,7 +83,7 @@ class GroupCommit(Generic[T, R]):
         self.items += len(batch)
         try:
             # (A bare deadline scope, not fail_after: its context manager costs per batch.)
-            with anyio.CancelScope(deadline=anyio.current_time() + self._timeout) as bound:
+            with anyio.CancelScope(deadline=_aio.now() + self._timeout) as bound:
                 results = await self._write([item for item, _ in batch])
             if bound.cancelled_caught:
                 raise TimeoutError("database write did not finish in time")

@@ -31,7 +31,7 @@ from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from . import _json, _sql
+from . import _aio, _json, _sql
 from ._db import HeldConnection, describe, require_schema, statement_conn
 from ._groupcommit import GroupCommit
 from ._names import DEFAULT_SCHEMA, Channels, check_schema
@@ -75,14 +75,14 @@ class _Waker:
     """A level-triggered wake-up: set() from anywhere, wait(timeout) in the claim loop."""
 
     def __init__(self) -> None:
-        self._event = anyio.Event()
+        self._event = _aio.Event()
 
     def set(self) -> None:
         self._event.set()
 
     def clear(self) -> None:
         if self._event.is_set():
-            self._event = anyio.Event()
+            self._event = _aio.Event()
 
     async def wait(self, timeout: float) -> None:
         with anyio.move_on_after(timeout):
@@ -494,9 +494,7 @@ class Dispatcher:
                     # Shielded: a claim the server committed must reach us, or its runs
                     # would sit "running" with no worker until the reaper failed them.
                     # (One scope that is both shield and bound: cheaper than two.)
-                    with anyio.CancelScope(
-                        shield=True, deadline=anyio.current_time() + self.lease / 2
-                    ) as bound:
+                    with anyio.CancelScope(shield=True, deadline=_aio.now() + self.lease / 2) as bound:
                         rows = await self._claim(want)
                     if bound.cancelled_caught:
                         raise TimeoutError("claim did not finish in time")
@@ -526,7 +524,7 @@ class Dispatcher:
                     await self._waker.wait(self.poll)
 
     async def _claim(self, limit: int) -> list[dict[str, Any]]:
-        t0 = anyio.current_time()
+        t0 = _aio.now()
         async with self._claim_conn.statement() as conn:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(
@@ -537,11 +535,11 @@ class Dispatcher:
         self.stats["claims"] += 1
         self.stats["claimed"] += len(rows)
         if self.observers and rows:
-            took = anyio.current_time() - t0
+            took = _aio.now() - t0
             self._observe(lambda o: o.claimed(count=len(rows), seconds=took))
         if rows and self._idle.is_set():
             self._idle = anyio.Event()
-        deadline = anyio.current_time() + self.lease
+        deadline = _aio.now() + self.lease
         for row in rows:
             self._active[row["id"]] = _Active(row["id"], row["claim_token"], deadline)
         return rows
@@ -599,7 +597,7 @@ class Dispatcher:
         active.journal, active.ctx = journal, ctx
         extra = {"run_id": str(run_id), "conversation_id": ctx.conversation_id, "worker_id": self.worker_id}
         log.info("run %s started", run_id, extra=extra)
-        started = anyio.current_time()
+        started = _aio.now()
         if self.observers:
             wait = (row["started_at"] - row["created_at"]).total_seconds()
             self._observe(lambda o: o.run_started(ctx, queue_wait=wait))
@@ -661,7 +659,7 @@ class Dispatcher:
             self._observe(lambda o: o.claim_lost(ctx))
             return
         landed = await self._finalize(active, status, error)
-        took = anyio.current_time() - started
+        took = _aio.now() - started
         final = status
         self._observe(lambda o: o.run_finished(ctx, status=final, seconds=took, recorded=landed))
         if landed:
@@ -726,7 +724,7 @@ class Dispatcher:
             journal.answer_text,
             journal.final_rows(terminal),
         )
-        with anyio.CancelScope(shield=True, deadline=anyio.current_time() + self.finalize_timeout):
+        with anyio.CancelScope(shield=True, deadline=_aio.now() + self.finalize_timeout):
             for attempt in range(3):
                 try:
                     landed = await self._finalizer.submit(item, caller_shielded=True)

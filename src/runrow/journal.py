@@ -45,7 +45,7 @@ import psycopg
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from . import _json, _sql
+from . import _aio, _json, _sql
 from ._db import Database, describe, schema_guard, statement_conn
 from ._models import TERMINAL
 from ._names import DEFAULT_SCHEMA, Channels, check_schema
@@ -161,12 +161,12 @@ class JournalWriter:
         self.start_flusher: Callable[[], object] | None = None
         self.flusher_started = False
         self._retry_budget = retry_budget
-        self._lock = anyio.Lock()
+        self._lock: anyio.Lock | None = None  # made at the first flush: most runs never flush
         self._pending: dict[str, Any] | None = None
         self._pending_key: str | None = None
         self._pending_parts: list[str] = []
         self._pending_since = 0.0
-        self._has_pending = anyio.Event()
+        self._has_pending = _aio.Event()
         self._answer: list[str] = []
         self.broken: BaseException | None = None
         self.rows_written = 0
@@ -192,14 +192,14 @@ class JournalWriter:
         if self._pending is None:
             self._pending, self._pending_key = payload, key
             self._pending_parts = [delta]
-            self._pending_since = anyio.current_time()
+            self._pending_since = _aio.now()
             self._has_pending.set()
             if not self.flusher_started and self.start_flusher is not None:
                 self.flusher_started = True
                 self.start_flusher()
         else:
             self._pending_parts.append(delta)
-        if anyio.current_time() - self._pending_since >= self._interval:
+        if _aio.now() - self._pending_since >= self._interval:
             await self.flush()
 
     def answer_taken(self) -> None:
@@ -218,7 +218,7 @@ class JournalWriter:
             return []
         payload = {**self._pending, "delta": "".join(self._pending_parts)}
         self._pending, self._pending_key, self._pending_parts = None, None, []
-        self._has_pending = anyio.Event()
+        self._has_pending = _aio.Event()
         return [(CONTENT_DELTA, payload)]
 
     def _number(self, events: list[tuple[str, dict[str, Any]]]) -> list[tuple[int, str, str]]:
@@ -235,11 +235,11 @@ class JournalWriter:
         lock, the text that arrived since waits for its own tick instead of becoming a
         tiny extra row.
         """
+        if self._lock is None:
+            self._lock = anyio.Lock()
         async with self._lock:
             self._check()
-            if due_only and (
-                self._pending is None or anyio.current_time() < self._pending_since + self._interval
-            ):
+            if due_only and (self._pending is None or _aio.now() < self._pending_since + self._interval):
                 return
             events = self._take_pending() + ([extra] if extra else [])
             if not events:
