@@ -2,7 +2,7 @@
 
 Not a test (pytest does not collect it). Run from the checkout:
 
-    python -m tests.perf_fair_claim [--sizes 1000,100000] [--tenants 100]
+    python bench/fair_claim.py [--sizes 1000,100000] [--tenants 100]
 
 For each queue size it seeds that many queued runs over the tenants (two turns per
 conversation), then measures, for the fair claim and the FIFO claim alike:
