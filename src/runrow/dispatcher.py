@@ -621,12 +621,7 @@ class Dispatcher:
             else:
                 self._start_helper(helpers, functools.partial(self._deadline_watch, active, remaining))
         try:
-            # (An ExitStack's exit costs measurably per run: only with observers.)
-            scopes = contextlib.ExitStack() if self.observers else None
-            with active.scope, scopes if scopes is not None else contextlib.nullcontext():
-                for obs in self.observers:
-                    assert scopes is not None
-                    scopes.enter_context(obs.run_scope(ctx))
+            with active.scope, self._observer_scopes(ctx):
                 try:
                     if active.reason is None:  # not already past its deadline
                         await self.agent(ctx)
@@ -672,6 +667,20 @@ class Dispatcher:
                 status,
                 extra=extra,
             )
+
+    def _observer_scopes(self, ctx: RunContext) -> contextlib.AbstractContextManager[object]:
+        """The observers' scopes around one agent call, entered; none without observers
+        (an ExitStack's exit costs measurably per run)."""
+        if not self.observers:
+            return contextlib.nullcontext()
+        scopes = contextlib.ExitStack()
+        try:
+            for obs in self.observers:
+                scopes.enter_context(obs.run_scope(ctx))
+        except BaseException:
+            scopes.close()
+            raise
+        return scopes
 
     def _start_helper(self, helpers: list[_Helper], fn: Callable[[], Awaitable[None]]) -> None:
         if self._tg is None:
