@@ -477,6 +477,33 @@ async def test_drain_budget_spent_interrupts_and_records_the_rest(
         assert evs[-2][2] == {"delta": "working on it"}
 
 
+async def test_an_agent_deaf_to_cancellation_cannot_hold_shutdown_forever(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    """An agent that shields itself from cancellation outlives the drain and the finalize
+    budget; leaving the dispatcher still ends, within those budgets plus the last-resort
+    cancel, and the run is left to the reaper (never recorded as anything it was not)."""
+    reached_end = False
+
+    async def agent(run: runrow.RunContext) -> None:
+        nonlocal reached_end
+        with anyio.CancelScope(shield=True):
+            await anyio.sleep(3600)
+        reached_end = True
+
+    d = runrow.Dispatcher(dsn, agent, schema=schema, finalize_timeout=0.5, **FAST)
+    run = await runrow.enqueue(dsn, schema=schema, conversation_id="deaf", user_id="u", content=1)
+    t0 = anyio.current_time()
+    with anyio.fail_after(30):
+        async with d:
+            await wait_for(lambda: d.in_flight == [run.id], what="the run in flight")
+            report = await d.stop(drain_timeout=0.2)
+    # drain 0.2 + finalize budget 0.5 (+1) inside stop(), then at most 0.5 in __aexit__
+    assert anyio.current_time() - t0 < 15
+    assert report.left_for_reaper == [run.id] and report.interrupted == []
+    assert not reached_end
+    assert await status_of(conn, schema, run.id) == "running"  # the reaper's to end
+
 async def test_bad_configuration_is_refused(dsn: str, schema: str) -> None:
     async def agent(run: runrow.RunContext) -> None:
         return None

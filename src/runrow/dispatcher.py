@@ -257,6 +257,7 @@ class Dispatcher:
         self._idle = anyio.Event()
         self._idle.set()
         self._tg: TaskGroup | None = None
+        self._runs = _aio.TaskSet()  # the runs' tasks (not the task group's: see TaskSet)
         self._claim_scope = anyio.CancelScope()
         self._claim_done = anyio.Event()
         # The claim loop and the two group-commit writers keep one pooled connection each: their
@@ -390,6 +391,17 @@ class Dispatcher:
                 # The host's block failed: still drain, but do not wait the full budget.
                 await self.stop(drain_timeout=min(self.finalize_timeout, 5.0))
         finally:
+            # A run still going past every budget of stop() (an agent deaf to cancellation)
+            # is cancelled outright; its ending is the reaper's (stop() listed it so).
+            with anyio.CancelScope(shield=True):
+                left = await self._runs.cancel_and_wait(self.finalize_timeout)
+            if left:
+                log.warning(
+                    "dispatcher %s: %d run task(s) did not end when cancelled; abandoning them",
+                    self.worker_id,
+                    left,
+                    extra={"worker_id": self.worker_id},
+                )
             tg, self._tg = self._tg, None
             if tg is not None:
                 tg.cancel_scope.cancel()  # anything still running (nothing, after stop())
@@ -514,9 +526,8 @@ class Dispatcher:
                     continue
                 for _ in range(want - len(rows)):
                     self._slots.release()
-                assert self._tg is not None
                 for row in rows:
-                    self._tg.start_soon(self._execute, row)
+                    self._runs.start(self._execute(row))
                 if not rows:
                     # Nothing to claim now: park until a wake-up or the poll tick. (A claim
                     # that came back short but not empty is followed by another at once:
