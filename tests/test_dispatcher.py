@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 from datetime import timedelta
 
@@ -9,6 +10,7 @@ import anyio
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg_pool import AsyncConnectionPool
 
 import runrow
 from runrow.dispatcher import reap_expired
@@ -503,6 +505,79 @@ async def test_an_agent_deaf_to_cancellation_cannot_hold_shutdown_forever(
     assert report.left_for_reaper == [run.id] and report.interrupted == []
     assert not reached_end
     assert await status_of(conn, schema, run.id) == "running"  # the reaper's to end
+
+
+async def test_an_ending_whose_connection_dies_is_retried_and_lands(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The agent's last act kills every connection of its worker: the ending's first
+    attempt fails on a dead connection, a retry lands it, and the run completes once."""
+    app = f"rr-victim-{uuid.uuid4().hex[:8]}"
+    caplog.set_level(logging.WARNING, logger="runrow")
+
+    async def agent(run: runrow.RunContext) -> None:
+        await run.text("done")
+        await run.flush()
+        cur = await conn.execute(
+            "SELECT array_agg(pid) FROM pg_stat_activity WHERE application_name = %s", (app,)
+        )
+        pids = (await cur.fetchone())[0]  # type: ignore[index]
+        assert pids
+        await conn.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", (pids,))
+
+        async def gone() -> bool:
+            cur = await conn.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", (pids,))
+            return (await cur.fetchone())[0] == 0  # type: ignore[index]
+
+        await wait_for(gone, what="the worker's backends to exit")
+
+    pool: AsyncConnectionPool[psycopg.AsyncConnection] = AsyncConnectionPool(
+        dsn, min_size=4, max_size=8, open=False, kwargs={"autocommit": True, "application_name": app}
+    )
+    async with pool, runrow.Dispatcher(pool, agent, schema=schema, notifications=False, **FAST) as d:
+        run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content=1)
+        await wait_for(lambda: is_terminal(conn, schema, run.id), timeout=15, what="the run's ending")
+        await wait_for(lambda: not d.in_flight, what="the run released")
+    assert await status_of(conn, schema, run.id) == "completed"
+    assert d.stats["completed"] == 1 and d.stats["lost"] == 0
+    evs = await assert_journal_sound(conn, schema, run.id)
+    assert [t for _, t, _ in evs][-2:] == ["content_delta", "complete"]
+    assert any(f"finalize of run {run.id} failed (attempt 1)" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_rejected_ending_is_left_to_the_reaper(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server refuses the ending (here: a trigger): the worker does not retry a
+    refusal, says so, lets the run go, and the reaper records it failed, exactly once."""
+    caplog.set_level(logging.WARNING, logger="runrow")
+    await conn.execute(
+        sql.SQL("""
+        CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NEW.status = 'completed' THEN RAISE EXCEPTION 'injected refusal'; END IF;
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER refuse_completion BEFORE UPDATE ON {t} FOR EACH ROW EXECUTE FUNCTION {fn}();
+    """).format(fn=sql.Identifier(schema, "refuse_completion"), t=table(schema, "agent_run"))
+    )
+
+    async def agent(run: runrow.RunContext) -> None:
+        return None
+
+    async with runrow.Dispatcher(dsn, agent, schema=schema, **FAST) as d:
+        run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content=1)
+        await wait_for(lambda: d.stats["claimed"] == 1 and not d.in_flight, what="the run let go")
+        assert await status_of(conn, schema, run.id) == "running"
+        # lease 2 s + grace 1 s, then the reaper (every 0.2 s) ends it
+        await wait_for(lambda: is_terminal(conn, schema, run.id), timeout=15, what="the reaper")
+    row = await run_row(conn, schema, run.id)
+    assert row["status"] == "failed" and row["error"]["type"] == "worker_lost"
+    evs = await assert_journal_sound(conn, schema, run.id)
+    assert sum(1 for _, t, _ in evs if t == "complete") == 1
+    assert d.stats["completed"] == 0
+    assert any(f"finalize of run {run.id} rejected" in r.getMessage() for r in caplog.records)
+
 
 async def test_bad_configuration_is_refused(dsn: str, schema: str) -> None:
     async def agent(run: runrow.RunContext) -> None:

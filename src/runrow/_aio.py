@@ -39,15 +39,21 @@ class TaskSet:
     own bookkeeping, and :meth:`cancel_and_wait` ends any left over at shutdown.
     """
 
-    __slots__ = ("_tasks",)
+    __slots__ = ("_tasks", "closed")
 
     def __init__(self) -> None:
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.closed = False
 
     def __len__(self) -> int:
         return len(self._tasks)
 
     def start(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Starts ``coro`` as a task. Once :meth:`cancel_and_wait` has begun, ``coro`` is
+        closed unstarted instead (whatever it was for is abandoned with the owner)."""
+        if self.closed:
+            coro.close()
+            return
         # Held here until done: the loop keeps only a weak reference to a task.
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
@@ -55,7 +61,8 @@ class TaskSet:
 
     async def cancel_and_wait(self, timeout: float) -> int:
         """Cancels every task still running and waits up to ``timeout`` for them to end;
-        returns how many did not."""
+        returns how many did not. No task can be started afterwards."""
+        self.closed = True
         tasks = list(self._tasks)
         if not tasks:
             return 0

@@ -4,10 +4,15 @@ A lone write goes out at once (no waiting to fill a batch); writes that arrive w
 statement is in flight ride the next one. So one run sees one round trip, and many
 runs cost one statement per round trip instead of one each. A batch that fails on an
 integrity error is retried item by item, so one run's conflict cannot fail another's.
+
+A writer either waits for its item's result (:meth:`GroupCommit.submit`) or hands it
+over with a callback the writer calls when the batch ends (:meth:`GroupCommit.hand_over`):
+no task waits, so nothing has to wake up to learn the result.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 import anyio
@@ -21,6 +26,8 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 R = TypeVar("R")
 
+log = logging.getLogger("runrow.groupcommit")
+
 
 class _Slot(Generic[R]):
     __slots__ = ("done", "error", "result")
@@ -29,6 +36,12 @@ class _Slot(Generic[R]):
         self.done = _aio.Event()
         self.result: R | None = None
         self.error: BaseException | None = None
+
+
+if TYPE_CHECKING:
+    # Called from the writer with (result, None) or (None, error).
+    Callback = Callable[[R | None, BaseException | None], None]
+    _Waiter = _Slot[R] | Callback[R]
 
 
 class GroupCommit(Generic[T, R]):
@@ -40,7 +53,7 @@ class GroupCommit(Generic[T, R]):
         self._write = write
         self._max_batch = max_batch
         self._timeout = timeout
-        self._queue: list[tuple[T, _Slot[R]]] = []
+        self._queue: list[tuple[T, _Waiter[R]]] = []
         self._kick = _aio.Event()
         self.batches = 0
         self.items = 0
@@ -67,6 +80,13 @@ class GroupCommit(Generic[T, R]):
             raise slot.error
         return slot.result  # type: ignore[return-value]
 
+    def hand_over(self, item: T, callback: Callback[R]) -> None:
+        """Queues ``item``; the writer calls ``callback(result, None)`` or
+        ``callback(None, error)`` once its batch has landed or failed. The callback runs
+        in the writer's task: it must be quick and must not raise (a raise is logged)."""
+        self._queue.append((item, callback))
+        self._kick.set()
+
     async def run(self) -> None:
         """The writer loop; run it as a task for the lifetime of the owner."""
         while True:
@@ -78,7 +98,7 @@ class GroupCommit(Generic[T, R]):
                 with anyio.CancelScope(shield=True):
                     await self._flush(batch)
 
-    async def _flush(self, batch: list[tuple[T, _Slot[R]]]) -> None:
+    async def _flush(self, batch: list[tuple[T, _Waiter[R]]]) -> None:
         self.batches += 1
         self.items += len(batch)
         try:
@@ -97,12 +117,21 @@ class GroupCommit(Generic[T, R]):
         except Exception as exc:
             self._fail(batch, exc)
             return
-        for (_, slot), result in zip(batch, results, strict=True):
-            slot.result = result
-            slot.done.set()
+        for (_, waiter), result in zip(batch, results, strict=True):
+            _finish(waiter, result, None)
 
     @staticmethod
-    def _fail(batch: list[tuple[T, _Slot[R]]], exc: BaseException) -> None:
-        for _, slot in batch:
-            slot.error = exc
-            slot.done.set()
+    def _fail(batch: list[tuple[T, _Waiter[R]]], exc: BaseException) -> None:
+        for _, waiter in batch:
+            _finish(waiter, None, exc)
+
+
+def _finish(waiter: _Waiter[R], result: R | None, error: BaseException | None) -> None:
+    if isinstance(waiter, _Slot):
+        waiter.result, waiter.error = result, error
+        waiter.done.set()
+        return
+    try:
+        waiter(result, error)
+    except Exception:  # one item's callback must not cost the rest of the batch theirs
+        log.exception("a group-commit callback failed")

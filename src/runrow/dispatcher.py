@@ -53,6 +53,9 @@ __all__ = ["ClaimOrder", "Dispatcher", "DrainReport"]
 log = logging.getLogger("runrow.dispatcher")
 
 _Reason = Literal["cancel", "drain", "lost", "deadline"]
+# Failures a finalize retries: the write may or may not have landed; the fence makes a
+# second attempt safe either way.
+_TRANSIENT = (psycopg.OperationalError, OSError, TimeoutError)
 ClaimOrder = Literal["fair", "fifo"]
 DEADLINE_ERROR = {"type": "deadline_exceeded", "message": "the run was still running past its deadline"}
 # (run_id, token, status, error_json, answer_text, rows)
@@ -96,6 +99,7 @@ class _Active:
     __slots__ = (
         "ctx",
         "finishing",
+        "handed_over",
         "id",
         "journal",
         "lease_deadline",
@@ -111,6 +115,7 @@ class _Active:
         self.scope = anyio.CancelScope()
         self.reason: _Reason | None = None
         self.finishing = False
+        self.handed_over = False  # its ending is with the writer, which releases it
         self.lease_deadline = lease_deadline
         self.journal: JournalWriter | None = None
         self.ctx: RunContext | None = None
@@ -276,7 +281,10 @@ class Dispatcher:
         self._last_pool_check = -1e9
         self._beat_lag = 0.0
         self._appender: GroupCommit[AppendItem, bool] = GroupCommit(self._append_batch)
-        self._finalizer: GroupCommit[_FinalItem, bool] = GroupCommit(self._finalize_batch)
+        # Bounded by finalize_timeout: no run's task waits on its write (see _finalize).
+        self._finalizer: GroupCommit[_FinalItem, bool] = GroupCommit(
+            self._finalize_batch, timeout=finalize_timeout
+        )
         self._queries = {
             "claim": _sql.statement("claim", schema)
             if claim_order == "fair"
@@ -579,11 +587,16 @@ class Dispatcher:
                 extra={"run_id": str(active.id), "worker_id": self.worker_id},
             )
         finally:
-            self._active.pop(active.id, None)
-            self._free_slot(active)
-            self._waker.set()  # this conversation's next turn may be ready
-            if not self._active:
-                self._idle.set()
+            if not active.handed_over:
+                self._release(active)
+
+    def _release(self, active: _Active) -> None:
+        """The run is done with, ending written or not: forget it (idempotent)."""
+        self._active.pop(active.id, None)
+        self._free_slot(active)
+        self._waker.set()  # this conversation's next turn may be ready
+        if not self._active:
+            self._idle.set()
 
     def _free_slot(self, active: _Active) -> None:
         if not active.slot_freed:
@@ -664,20 +677,28 @@ class Dispatcher:
             log.warning("run %s: claim lost, standing down without writing", run_id, extra=extra)
             self._observe(lambda o: o.claim_lost(ctx))
             return
-        landed = await self._finalize(active, status, error)
+        # The task ends here; the ending writer reports back (see _finalize).
+        self._finalize(active, status, error, functools.partial(self._ended, active, status, started, extra))
+
+    def _ended(
+        self, active: _Active, status: str, started: float, extra: dict[str, str], landed: bool
+    ) -> None:
+        """The run's ending landed (or failed for good): report it and let the run go."""
         took = _aio.now() - started
-        final = status
-        self._observe(lambda o: o.run_finished(ctx, status=final, seconds=took, recorded=landed))
+        ctx = active.ctx
+        assert ctx is not None
+        self._observe(lambda o: o.run_finished(ctx, status=status, seconds=took, recorded=landed))
         if landed:
             self.stats[status] += 1
-            log.info("run %s %s", run_id, status, extra={**extra, "status": status})
+            log.info("run %s %s", active.id, status, extra={**extra, "status": status})
         else:
             log.warning(
                 "run %s: ending %s not recorded (claim lost or database unreachable)",
-                run_id,
+                active.id,
                 status,
                 extra=extra,
             )
+        self._release(active)
 
     def _observer_scopes(self, ctx: RunContext) -> contextlib.AbstractContextManager[object]:
         """The observers' scopes around one agent call, entered; none without observers
@@ -715,11 +736,21 @@ class Dispatcher:
             self._observe(lambda o: o.first_event(ctx, seconds=took))
         self._observe(lambda o: o.journal_flush(ctx, rows=rows))
 
-    async def _finalize(self, active: _Active, status: str, error: dict[str, Any] | None) -> bool:
-        """The fenced terminal write, shielded and bounded, retried on transient errors.
+    def _finalize(
+        self,
+        active: _Active,
+        status: str,
+        error: dict[str, Any] | None,
+        done: Callable[[bool], None],
+    ) -> None:
+        """Hands the fenced terminal write to the ending writer; ``done(landed)`` is
+        called once, when it has landed or failed for good.
 
-        A retry after an ambiguous failure is safe: if the first attempt committed, the
-        fence makes the retry match nothing.
+        The run's task does not wait for it: the writer calls back when the batch ends,
+        so a run costs no wake-up after its write. A transient failure is retried by a
+        task of its own (three attempts in all, within ``finalize_timeout``); a retry
+        after an ambiguous failure is safe: if the first attempt committed, the fence
+        makes the retry match nothing.
         """
         active.finishing = True
         journal = active.journal
@@ -735,7 +766,8 @@ class Dispatcher:
             # A flush of unknown outcome: our seq numbering cannot be trusted. Let the
             # reaper (max(seq)+1) record the ending.
             self._unrecorded.add(active.id)
-            return False
+            done(False)
+            return
         item: _FinalItem = (
             active.id,
             active.token,
@@ -744,34 +776,73 @@ class Dispatcher:
             journal.answer_text,
             journal.final_rows(terminal),
         )
-        with anyio.CancelScope(shield=True, deadline=_aio.now() + self.finalize_timeout):
-            for attempt in range(3):
+        deadline = _aio.now() + self.finalize_timeout
+
+        def first_attempt(landed: bool | None, exc: BaseException | None) -> None:
+            if exc is None:
+                self._finalize_landed(bool(landed), done)
+            elif isinstance(exc, _TRANSIENT) and not self._runs.closed:
+                self._runs.start(self._finalize_again(active, item, exc, deadline, done))
+            else:  # rejected, or shutting down past every budget
+                self._finalize_failed(active, exc, 1, done)
+
+        active.handed_over = True
+        self._finalizer.hand_over(item, first_attempt)
+
+    def _finalize_landed(self, landed: bool, done: Callable[[bool], None]) -> None:
+        if not landed:  # the fence matched nothing: someone else ended or took the run
+            self.stats["lost"] += 1
+        done(landed)
+
+    def _finalize_failed(
+        self, active: _Active, exc: BaseException, attempt: int, done: Callable[[bool], None]
+    ) -> None:
+        extra = {"run_id": str(active.id), "worker_id": self.worker_id}
+        if isinstance(exc, _TRANSIENT):
+            log.warning(
+                "finalize of run %s failed (attempt %d): %s", active.id, attempt, describe(exc), extra=extra
+            )
+        elif isinstance(exc, psycopg.Error):
+            log.warning("finalize of run %s rejected: %s", active.id, describe(exc), extra=extra)
+        else:
+            log.error("finalize of run %s: unexpected error", active.id, exc_info=exc, extra=extra)
+        self._unrecorded.add(active.id)
+        done(False)
+
+    async def _finalize_again(
+        self,
+        active: _Active,
+        item: _FinalItem,
+        exc: BaseException,
+        deadline: float,
+        done: Callable[[bool], None],
+    ) -> None:
+        """Attempts 2 and 3 of a finalize whose first attempt failed."""
+        attempt = 1
+        with anyio.CancelScope(shield=True, deadline=deadline) as bound:
+            while isinstance(exc, _TRANSIENT) and attempt < 3:
+                self._db_trouble()
+                log.warning(
+                    "finalize of run %s failed (attempt %d): %s",
+                    active.id,
+                    attempt,
+                    describe(exc),
+                    extra={"run_id": str(active.id), "worker_id": self.worker_id},
+                )
+                await anyio.sleep(0.2 * attempt)
+                attempt += 1
                 try:
                     landed = await self._finalizer.submit(item, caller_shielded=True)
-                except (psycopg.OperationalError, OSError, TimeoutError) as exc:
-                    self._db_trouble()
-                    log.warning(
-                        "finalize of run %s failed (attempt %d): %s",
-                        active.id,
-                        attempt + 1,
-                        describe(exc),
-                        extra={"run_id": str(active.id), "worker_id": self.worker_id},
-                    )
-                    await anyio.sleep(0.2 * (attempt + 1))
+                except Exception as again:
+                    exc = again
                     continue
-                except psycopg.Error as exc:
-                    log.warning(
-                        "finalize of run %s rejected: %s",
-                        active.id,
-                        describe(exc),
-                        extra={"run_id": str(active.id), "worker_id": self.worker_id},
-                    )
-                    break
-                if not landed:
-                    self.stats["lost"] += 1
-                return landed
-        self._unrecorded.add(active.id)
-        return False
+                self._finalize_landed(landed, done)
+                return
+        if bound.cancelled_caught:
+            exc = TimeoutError(f"no attempt landed within finalize_timeout ({self.finalize_timeout}s)")
+        if isinstance(exc, _TRANSIENT):
+            self._db_trouble()
+        self._finalize_failed(active, exc, attempt, done)
 
     async def _flush_landed(self, run_id: uuid.UUID, token: uuid.UUID, seqs: list[int]) -> tuple[int, bool]:
         self._db_trouble()
