@@ -486,11 +486,16 @@ async def test_an_agent_deaf_to_cancellation_cannot_hold_shutdown_forever(
     budget; leaving the dispatcher still ends, within those budgets plus the last-resort
     cancel, and the run is left to the reaper (never recorded as anything it was not)."""
     reached_end = False
+    cancelled = False
 
     async def agent(run: runrow.RunContext) -> None:
-        nonlocal reached_end
-        with anyio.CancelScope(shield=True):
-            await anyio.sleep(3600)
+        nonlocal reached_end, cancelled
+        try:
+            with anyio.CancelScope(shield=True):
+                await anyio.sleep(3600)
+        except BaseException:
+            cancelled = True
+            raise
         reached_end = True
 
     d = runrow.Dispatcher(dsn, agent, schema=schema, finalize_timeout=0.5, **FAST)
@@ -502,20 +507,24 @@ async def test_an_agent_deaf_to_cancellation_cannot_hold_shutdown_forever(
             report = await d.stop(drain_timeout=0.2)
     # drain 0.2 + finalize budget 0.5 (+1) inside stop(), then at most 0.5 in __aexit__
     assert anyio.current_time() - t0 < 15
-    assert report.left_for_reaper == [run.id] and report.interrupted == []
-    assert not reached_end
+    assert report.left_for_reaper == [run.id] and report.interrupted == [] and report.finished == []
+    assert cancelled and not reached_end  # its task was cancelled, not abandoned
     assert await status_of(conn, schema, run.id) == "running"  # the reaper's to end
 
 
 async def test_an_ending_whose_connection_dies_is_retried_and_lands(
     dsn: str, schema: str, conn: psycopg.AsyncConnection, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The agent's last act kills every connection of its worker: the ending's first
-    attempt fails on a dead connection, a retry lands it, and the run completes once."""
+    """The second run's agent, as its last act, kills every connection of its worker:
+    the ending writer's connection (kept since the first run's ending) is dead, so the
+    first attempt fails, a retry on a fresh connection lands it, and the run completes
+    once."""
     app = f"rr-victim-{uuid.uuid4().hex[:8]}"
     caplog.set_level(logging.WARNING, logger="runrow")
 
     async def agent(run: runrow.RunContext) -> None:
+        if run.content == "warm":  # its ending puts the writer's connection in use
+            return
         await run.text("done")
         await run.flush()
         cur = await conn.execute(
@@ -535,14 +544,58 @@ async def test_an_ending_whose_connection_dies_is_retried_and_lands(
         dsn, min_size=4, max_size=8, open=False, kwargs={"autocommit": True, "application_name": app}
     )
     async with pool, runrow.Dispatcher(pool, agent, schema=schema, notifications=False, **FAST) as d:
+        warm = await runrow.enqueue(dsn, schema=schema, conversation_id="w", user_id="u", content="warm")
+        await wait_for(lambda: d.stats["completed"] == 1, what="the warm-up run")
+        assert await status_of(conn, schema, warm.id) == "completed"
         run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content=1)
         await wait_for(lambda: is_terminal(conn, schema, run.id), timeout=15, what="the run's ending")
         await wait_for(lambda: not d.in_flight, what="the run released")
     assert await status_of(conn, schema, run.id) == "completed"
-    assert d.stats["completed"] == 1 and d.stats["lost"] == 0
+    assert d.stats["completed"] == 2 and d.stats["lost"] == 0
     evs = await assert_journal_sound(conn, schema, run.id)
     assert [t for _, t, _ in evs][-2:] == ["content_delta", "complete"]
     assert any(f"finalize of run {run.id} failed (attempt 1)" in r.getMessage() for r in caplog.records)
+
+
+async def test_an_ending_that_cannot_land_is_given_up_within_its_budget(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The run's own row is locked by another transaction as its agent returns, so its
+    ending blocks. A drain does not cut it (its agent is done), the ending is given up
+    finalize_timeout after it was handed over, and the drain reports it for the reaper:
+    neither finished nor interrupted."""
+    caplog.set_level(logging.WARNING, logger="runrow")
+    locker = await psycopg.AsyncConnection.connect(dsn)
+    try:
+
+        async def agent(run: runrow.RunContext) -> None:
+            await locker.execute(
+                sql.SQL("SELECT 1 FROM {} WHERE id = %s FOR UPDATE").format(table(schema, "agent_run")),
+                (run.run_id,),
+            )
+
+        d = runrow.Dispatcher(dsn, agent, schema=schema, finalize_timeout=1.0, **FAST)
+        async with d:
+            run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content=1)
+            await wait_for(
+                lambda: locker.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS,
+                what="the row locked",
+            )
+            await anyio.sleep(0.1)  # the ending is now waiting on the lock
+            t0 = anyio.current_time()
+            report = await d.stop(drain_timeout=0.2)
+            took = anyio.current_time() - t0
+        assert report.left_for_reaper == [run.id]
+        assert report.interrupted == [] and report.finished == []
+        assert took < 5  # about finalize_timeout, not drain + finalize budgets stacked
+        assert any(
+            f"finalize of run {run.id} given up: no attempt landed within finalize_timeout" in r.getMessage()
+            for r in caplog.records
+        )
+    finally:
+        await locker.rollback()
+        await locker.close()
+    assert await status_of(conn, schema, run.id) == "running"  # the reaper's to end
 
 
 async def test_a_rejected_ending_is_left_to_the_reaper(

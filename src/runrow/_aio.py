@@ -10,12 +10,15 @@ Cancel scopes stay anyio's: cancellation still flows through them.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from collections.abc import Coroutine
 
 __all__ = ["Event", "TaskSet", "now"]
+
+log = logging.getLogger("runrow.tasks")
 
 # An asyncio.Event is what anyio's Event wraps on this backend; waiting on it inside an
 # anyio cancel scope is cancelled like any other await. (Unlike anyio's, waiting on an
@@ -57,7 +60,14 @@ class TaskSet:
         # Held here until done: the loop keeps only a weak reference to a task.
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        # Each task catches its own errors; one that escapes is a bug, said at once
+        # rather than as "exception was never retrieved" whenever the task is collected.
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("task %s failed", task.get_name(), exc_info=exc)
 
     async def cancel_and_wait(self, timeout: float) -> int:
         """Cancels every task still running and waits up to ``timeout`` for them to end;

@@ -29,6 +29,10 @@ R = TypeVar("R")
 log = logging.getLogger("runrow.groupcommit")
 
 
+class WriterStopped(Exception):
+    """The writer loop has ended (its owner is shutting down): the item was not written."""
+
+
 class _Slot(Generic[R]):
     __slots__ = ("done", "error", "result")
 
@@ -55,6 +59,7 @@ class GroupCommit(Generic[T, R]):
         self._timeout = timeout
         self._queue: list[tuple[T, _Waiter[R]]] = []
         self._kick = _aio.Event()
+        self._stopped = False
         self.batches = 0
         self.items = 0
 
@@ -66,6 +71,8 @@ class GroupCommit(Generic[T, R]):
         A caller already inside a shielded, bounded scope says ``caller_shielded`` and
         the wait skips its own scope (entering one costs measurably per write).
         """
+        if self._stopped:
+            raise WriterStopped("the writer has stopped")
         slot: _Slot[R] = _Slot()
         self._queue.append((item, slot))
         self._kick.set()
@@ -83,20 +90,31 @@ class GroupCommit(Generic[T, R]):
     def hand_over(self, item: T, callback: Callback[R]) -> None:
         """Queues ``item``; the writer calls ``callback(result, None)`` or
         ``callback(None, error)`` once its batch has landed or failed. The callback runs
-        in the writer's task: it must be quick and must not raise (a raise is logged)."""
+        in the writer's task: it must be quick and must not raise (a raise is logged).
+        Once the writer has stopped, the callback gets :class:`WriterStopped` at once."""
+        if self._stopped:
+            _finish(callback, None, WriterStopped("the writer has stopped"))
+            return
         self._queue.append((item, callback))
         self._kick.set()
 
     async def run(self) -> None:
-        """The writer loop; run it as a task for the lifetime of the owner."""
-        while True:
-            await self._kick.wait()
-            self._kick = _aio.Event()
-            while self._queue:
-                batch = self._queue[: self._max_batch]
-                del self._queue[: self._max_batch]
-                with anyio.CancelScope(shield=True):
-                    await self._flush(batch)
+        """The writer loop; run it as a task for the lifetime of the owner. When it ends
+        (cancelled), whatever is still queued fails with :class:`WriterStopped`, and so
+        does anything submitted later: no waiter is left waiting for nothing."""
+        try:
+            while True:
+                await self._kick.wait()
+                self._kick = _aio.Event()
+                while self._queue:
+                    batch = self._queue[: self._max_batch]
+                    del self._queue[: self._max_batch]
+                    with anyio.CancelScope(shield=True):
+                        await self._flush(batch)
+        finally:
+            self._stopped = True
+            left, self._queue = self._queue, []
+            self._fail(left, WriterStopped("the writer stopped before this item was written"))
 
     async def _flush(self, batch: list[tuple[T, _Waiter[R]]]) -> None:
         self.batches += 1

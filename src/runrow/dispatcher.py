@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import json
@@ -33,7 +34,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from . import _aio, _json, _sql
 from ._db import HeldConnection, describe, require_schema, statement_conn
-from ._groupcommit import GroupCommit
+from ._groupcommit import GroupCommit, WriterStopped
 from ._names import DEFAULT_SCHEMA, Channels, check_schema
 from .errors import ConfigurationError, InvalidInput, LeaseLost
 from .hub import NotifyHub
@@ -56,6 +57,32 @@ _Reason = Literal["cancel", "drain", "lost", "deadline"]
 # Failures a finalize retries: the write may or may not have landed; the fence makes a
 # second attempt safe either way.
 _TRANSIENT = (psycopg.OperationalError, OSError, TimeoutError)
+
+
+class _OutOfTime(Exception):
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"no attempt landed within finalize_timeout ({seconds}s)")
+
+
+class _Answer:
+    """A run's ending is answered once (landed or not), by whichever comes first: the
+    writer, a retry, or the budget timer; later answers are ignored."""
+
+    __slots__ = ("answered", "done", "timer")
+
+    def __init__(self, done: Callable[[bool], None]) -> None:
+        self.done = done
+        self.answered = False
+        self.timer: asyncio.TimerHandle | None = None
+
+    def __call__(self, landed: bool) -> None:
+        if not self.answered:
+            self.answered = True
+            if self.timer is not None:
+                self.timer.cancel()
+            self.done(landed)
+
+
 ClaimOrder = Literal["fair", "fifo"]
 DEADLINE_ERROR = {"type": "deadline_exceeded", "message": "the run was still running past its deadline"}
 # (run_id, token, status, error_json, answer_text, rows)
@@ -436,17 +463,19 @@ class Dispatcher:
         at_start = set(self._active)
         with anyio.move_on_after(drain_timeout):
             await self._idle.wait()
-        cut = list(self._active.values())
+        # (A run already writing its ending is not cut: its agent is done.)
+        cut = [a for a in self._active.values() if not a.finishing]
         for a in cut:
             self._cancel(a, "drain")
         with anyio.move_on_after(self.finalize_timeout + 1):
             await self._idle.wait()
         stuck = {a.id for a in self._active.values()}
-        interrupted = [a.id for a in cut if a.id not in stuck and a.reason == "drain"]
+        left = stuck | (self._unrecorded & at_start)
+        interrupted = {a.id for a in cut if a.reason == "drain"} - left
         self._report = DrainReport(
-            finished=sorted(at_start - {a.id for a in cut}),
-            interrupted=sorted(set(interrupted) - self._unrecorded),
-            left_for_reaper=sorted(stuck | (self._unrecorded & at_start)),
+            finished=sorted(at_start - {a.id for a in cut} - left),
+            interrupted=sorted(interrupted),
+            left_for_reaper=sorted(left),
         )
         for scope in self._loops:
             scope.cancel()
@@ -683,22 +712,25 @@ class Dispatcher:
     def _ended(
         self, active: _Active, status: str, started: float, extra: dict[str, str], landed: bool
     ) -> None:
-        """The run's ending landed (or failed for good): report it and let the run go."""
-        took = _aio.now() - started
-        ctx = active.ctx
-        assert ctx is not None
-        self._observe(lambda o: o.run_finished(ctx, status=status, seconds=took, recorded=landed))
-        if landed:
-            self.stats[status] += 1
-            log.info("run %s %s", active.id, status, extra={**extra, "status": status})
-        else:
-            log.warning(
-                "run %s: ending %s not recorded (claim lost or database unreachable)",
-                active.id,
-                status,
-                extra=extra,
-            )
-        self._release(active)
+        """The run's ending landed (or failed for good): report it and let the run go.
+        Called from the ending writer's task (or a retry's), not the run's."""
+        try:
+            took = _aio.now() - started
+            ctx = active.ctx
+            assert ctx is not None
+            self._observe(lambda o: o.run_finished(ctx, status=status, seconds=took, recorded=landed))
+            if landed:
+                self.stats[status] += 1
+                log.info("run %s %s", active.id, status, extra={**extra, "status": status})
+            else:
+                log.warning(
+                    "run %s: ending %s not recorded (claim lost or database unreachable)",
+                    active.id,
+                    status,
+                    extra=extra,
+                )
+        finally:
+            self._release(active)
 
     def _observer_scopes(self, ctx: RunContext) -> contextlib.AbstractContextManager[object]:
         """The observers' scopes around one agent call, entered; none without observers
@@ -744,13 +776,15 @@ class Dispatcher:
         done: Callable[[bool], None],
     ) -> None:
         """Hands the fenced terminal write to the ending writer; ``done(landed)`` is
-        called once, when it has landed or failed for good.
+        called exactly once: when it has landed, or failed for good, or at the latest
+        ``finalize_timeout`` after the hand-over (a write still in flight then may yet
+        land; the run is counted unrecorded, as the reaper would find it).
 
         The run's task does not wait for it: the writer calls back when the batch ends,
         so a run costs no wake-up after its write. A transient failure is retried by a
-        task of its own (three attempts in all, within ``finalize_timeout``); a retry
-        after an ambiguous failure is safe: if the first attempt committed, the fence
-        makes the retry match nothing.
+        task of its own (three attempts in all, within the same budget); a retry after
+        an ambiguous failure is safe: if the first attempt committed, the fence makes the
+        retry match nothing.
         """
         active.finishing = True
         journal = active.journal
@@ -776,29 +810,40 @@ class Dispatcher:
             journal.answer_text,
             journal.final_rows(terminal),
         )
-        deadline = _aio.now() + self.finalize_timeout
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.finalize_timeout
+        answer = _Answer(done)
 
         def first_attempt(landed: bool | None, exc: BaseException | None) -> None:
+            if answer.answered:
+                return
             if exc is None:
-                self._finalize_landed(bool(landed), done)
+                self._finalize_landed(bool(landed), answer)
             elif isinstance(exc, _TRANSIENT) and not self._runs.closed:
-                self._runs.start(self._finalize_again(active, item, exc, deadline, done))
-            else:  # rejected, or shutting down past every budget
-                self._finalize_failed(active, exc, 1, done)
+                self._runs.start(self._finalize_again(active, item, exc, deadline, answer))
+            else:  # rejected, or shutting down
+                self._finalize_failed(active, exc, 1, answer)
 
+        answer.timer = loop.call_at(
+            deadline, self._finalize_failed, active, _OutOfTime(self.finalize_timeout), 0, answer
+        )
         active.handed_over = True
         self._finalizer.hand_over(item, first_attempt)
 
-    def _finalize_landed(self, landed: bool, done: Callable[[bool], None]) -> None:
+    def _finalize_landed(self, landed: bool, answer: _Answer) -> None:
+        if answer.answered:
+            return
         if not landed:  # the fence matched nothing: someone else ended or took the run
             self.stats["lost"] += 1
-        done(landed)
+        answer(landed)
 
-    def _finalize_failed(
-        self, active: _Active, exc: BaseException, attempt: int, done: Callable[[bool], None]
-    ) -> None:
+    def _finalize_failed(self, active: _Active, exc: BaseException, attempt: int, answer: _Answer) -> None:
+        if answer.answered:
+            return
         extra = {"run_id": str(active.id), "worker_id": self.worker_id}
-        if isinstance(exc, _TRANSIENT):
+        if isinstance(exc, _OutOfTime | WriterStopped):
+            log.warning("finalize of run %s given up: %s", active.id, exc, extra=extra)
+        elif isinstance(exc, _TRANSIENT):
             log.warning(
                 "finalize of run %s failed (attempt %d): %s", active.id, attempt, describe(exc), extra=extra
             )
@@ -807,7 +852,7 @@ class Dispatcher:
         else:
             log.error("finalize of run %s: unexpected error", active.id, exc_info=exc, extra=extra)
         self._unrecorded.add(active.id)
-        done(False)
+        answer(False)
 
     async def _finalize_again(
         self,
@@ -815,34 +860,38 @@ class Dispatcher:
         item: _FinalItem,
         exc: BaseException,
         deadline: float,
-        done: Callable[[bool], None],
+        answer: _Answer,
     ) -> None:
-        """Attempts 2 and 3 of a finalize whose first attempt failed."""
+        """Attempts 2 and 3 of a finalize whose first attempt failed, within its budget."""
         attempt = 1
-        with anyio.CancelScope(shield=True, deadline=deadline) as bound:
-            while isinstance(exc, _TRANSIENT) and attempt < 3:
+        try:
+            with anyio.CancelScope(shield=True, deadline=deadline) as bound:
+                while isinstance(exc, _TRANSIENT) and attempt < 3:
+                    self._db_trouble()
+                    log.warning(
+                        "finalize of run %s failed (attempt %d): %s",
+                        active.id,
+                        attempt,
+                        describe(exc),
+                        extra={"run_id": str(active.id), "worker_id": self.worker_id},
+                    )
+                    await anyio.sleep(0.2 * attempt)
+                    attempt += 1
+                    try:
+                        landed = await self._finalizer.submit(item, caller_shielded=True)
+                    except Exception as again:
+                        exc = again
+                        continue
+                    self._finalize_landed(landed, answer)
+                    return
+            if bound.cancelled_caught:
+                exc = _OutOfTime(self.finalize_timeout)
+            elif isinstance(exc, _TRANSIENT):
                 self._db_trouble()
-                log.warning(
-                    "finalize of run %s failed (attempt %d): %s",
-                    active.id,
-                    attempt,
-                    describe(exc),
-                    extra={"run_id": str(active.id), "worker_id": self.worker_id},
-                )
-                await anyio.sleep(0.2 * attempt)
-                attempt += 1
-                try:
-                    landed = await self._finalizer.submit(item, caller_shielded=True)
-                except Exception as again:
-                    exc = again
-                    continue
-                self._finalize_landed(landed, done)
-                return
-        if bound.cancelled_caught:
-            exc = TimeoutError(f"no attempt landed within finalize_timeout ({self.finalize_timeout}s)")
-        if isinstance(exc, _TRANSIENT):
-            self._db_trouble()
-        self._finalize_failed(active, exc, attempt, done)
+            self._finalize_failed(active, exc, attempt, answer)
+        finally:
+            if not answer.answered:  # the task was cancelled (shutdown past every budget)
+                self._finalize_failed(active, WriterStopped("the dispatcher shut down"), attempt, answer)
 
     async def _flush_landed(self, run_id: uuid.UUID, token: uuid.UUID, seqs: list[int]) -> tuple[int, bool]:
         self._db_trouble()

@@ -38,7 +38,9 @@ class Observer:
 
     def run_finished(self, run: RunContext, *, status: str, seconds: float, recorded: bool) -> None:
         """The run ended ``status`` after ``seconds``; ``recorded`` is False when its ending
-        could not be written (claim lost, or the database was unreachable)."""
+        could not be written (claim lost, or the database was unreachable). Called from
+        the worker's ending writer once the write is answered, not from the run's own
+        task: context variables set during the run are not visible here."""
 
     def claim_lost(self, run: RunContext) -> None:
         """The worker stood down: someone else ended or took over the run."""
