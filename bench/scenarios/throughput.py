@@ -309,33 +309,6 @@ async def drain_bare_pipelined(b: Bench, schema: str, n: int, concurrency: int) 
     return n / elapsed
 
 
-async def drain_bare_claim_only(b: Bench, schema: str, n: int) -> float:
-    """The claim statement alone, one run at a time, back to back on one connection,
-    writing no ending at all: what one durable claim per run costs on this server (a
-    round trip, the claim's execution, a WAL flush). No loop that commits a claim before
-    each run starts, with one run in flight, can beat it."""
-    await _enqueue_ops(b, schema, n, "noop")
-    claim = statement("claim", schema)
-    (claimer,) = await _connections(b.conninfo, 1)
-    done = 0
-    try:
-        t0 = time.monotonic()
-        while True:
-            cur = await claimer.execute(
-                claim, {"limit": 1, "lease_seconds": 30.0, "worker_id": "bare", "now": None}
-            )
-            got = len(await cur.fetchall())
-            if not got:
-                break
-            done += got
-        elapsed = time.monotonic() - t0
-    finally:
-        await claimer.close()
-    if done != n:
-        raise RuntimeError(f"claim-only loop claimed {done} of {n} runs")
-    return n / elapsed
-
-
 # -- the scenarios ------------------------------------------------------------------------
 
 
@@ -388,12 +361,6 @@ async def throughput(b: Bench, op: str, concurrencies: tuple[int, ...]) -> tuple
                 return drain_bare_pipelined(b, s, n, c)
 
             fns += [batched, pipelined]
-            if c == 1:
-
-                def claim_only(s: str) -> Awaitable[float]:
-                    return drain_bare_claim_only(b, s, n)
-
-                fns.append(claim_only)
         res = await _interleaved(b, "tp", fns)
         med, lo, hi = summary(res[0])
         base = summary(res[1])[0]
@@ -454,22 +421,6 @@ async def throughput(b: Bench, op: str, concurrencies: tuple[int, ...]) -> tuple
                     pmed,
                     f"bare claim-{c} || previous finalize ({plo:.0f}-{phi:.0f})",
                     ratio(med, pmed),
-                    samples=res[0],
-                )
-            )
-        if batched_wanted and c == 1:
-            omed, olo, ohi = summary(res[4])
-            rows.append(
-                Row(
-                    scenario,
-                    f"{label} vs bare claim only",
-                    med,
-                    "runs/s",
-                    lo,
-                    hi,
-                    omed,
-                    f"bare claim-1 alone, no ending written ({olo:.0f}-{ohi:.0f})",
-                    ratio(med, omed),
                     samples=res[0],
                 )
             )
