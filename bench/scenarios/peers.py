@@ -141,6 +141,11 @@ async def peers(b: Bench, earlier: list[Row]) -> tuple[list[Row], dict[str, Any]
     configurations with c in flight are the contest (``best peer c=4``). pgqueuer with
     c workers of batch 10 picks up to 10c jobs at once; it is reported beside runrow
     measured here at ``concurrency=10c``, not against runrow at c.
+
+    runrow is drained here too, at every in-flight count a peer reaches, in the same
+    loop as the peers (order alternating per repetition): on a machine whose speed drifts
+    over minutes, a ratio against runrow's throughput_core figure from earlier in the run
+    would compare different moments. That figure is the fallback if a drain here fails.
     """
     p = b.profile
     dsn: dict[str, str] = b.peer_conninfo  # type: ignore[attr-defined]
@@ -194,8 +199,8 @@ async def peers(b: Bench, earlier: list[Row]) -> tuple[list[Row], dict[str, Any]
             )
             continue
         runnable.append((name, case, inflight, fn))
-    # runrow itself at every in-flight count a peer reaches beyond the throughput cases.
-    own = sorted({f for _, _, f, _ in runnable if f"c={f}" not in core})
+    # runrow itself at every in-flight count a peer reaches, interleaved with the peers.
+    own = sorted({f for _, _, f, _ in runnable})
     runrow_fns = {f: (lambda f=f: _runrow_drain(b, p.peer_jobs, f)) for f in own}
     results: dict[tuple[str, str], list[float]] = {(n, c): [] for n, c, _, _ in runnable}
     own_results: dict[int, list[float]] = {f: [] for f in own}
@@ -231,7 +236,7 @@ async def peers(b: Bench, earlier: list[Row]) -> tuple[list[Row], dict[str, Any]
                     runrow_at[f],
                     "runs/s",
                     *summary(vals)[1:],
-                    note="runrow's Dispatcher at this concurrency, measured here for the row below",
+                    note="runrow's Dispatcher at this concurrency, measured here with the peers",
                     samples=vals,
                 )
             )
