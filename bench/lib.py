@@ -261,6 +261,23 @@ class Bench:
         assert row is not None
         return int(row[0])
 
+    async def quiesce(self, timeout: float = 20.0) -> float:
+        """Waits, untimed and bounded, until no autovacuum worker runs on the server, and
+        returns the seconds waited: one measurement's clean-up (a peer's deleted jobs, a
+        dropped schema) must not be billed to the next system measured."""
+        t0 = time.monotonic()
+        async with await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True) as conn:
+            with anyio.move_on_after(timeout):
+                while True:
+                    cur = await conn.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'autovacuum worker'"
+                    )
+                    row = await cur.fetchone()
+                    if not row or not row[0]:
+                        break
+                    await anyio.sleep(0.05)
+        return time.monotonic() - t0
+
     async def wait_drained(self, schema: str, timeout: float) -> float:
         """Polls until no run is queued or running; returns the monotonic time it saw that."""
         async with await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True) as conn:

@@ -184,7 +184,7 @@ async def peers(b: Bench, earlier: list[Row]) -> tuple[list[Row], dict[str, Any]
         )
     rows: list[Row] = []
     plot: dict[str, Any] = {}
-    runnable = []
+    runnable: list[tuple[str, str, int, Callable[[], Awaitable[float]]]] = []
     for name, case, inflight, fn in configs:
         module = name.split()[0]
         if not _available(module) or (module == "pgqueuer" and not _available("asyncpg")):
@@ -204,14 +204,21 @@ async def peers(b: Bench, earlier: list[Row]) -> tuple[list[Row], dict[str, Any]
     runrow_fns = {f: (lambda f=f: _runrow_drain(b, p.peer_jobs, f)) for f in own}
     results: dict[tuple[str, str], list[float]] = {(n, c): [] for n, c, _, _ in runnable}
     own_results: dict[int, list[float]] = {f: [] for f in own}
+    # Interleaved per in-flight count: each group is the peers at that count and runrow,
+    # the group's order reversed every other repetition, and the server left to finish
+    # its autovacuum work (untimed) before each drain.
+    groups: dict[int, list[tuple[str, str, int, Callable[[], Awaitable[float]]]]] = {}
+    for cfg in runnable:
+        groups.setdefault(cfg[2], []).append(cfg)
+    for f, fn in runrow_fns.items():
+        groups.setdefault(f, []).append(("runrow", f"c={f}", f, fn))
+    waited = 0.0
     for rep in range(p.reps):
-        order: list[tuple[str, str, int, Callable[[], Awaitable[float]]]] = [
-            *runnable,
-            *[("runrow", f"c={f}", f, fn) for f, fn in runrow_fns.items()],
-        ]
-        if rep % 2:
-            order.reverse()
+        order: list[tuple[str, str, int, Callable[[], Awaitable[float]]]] = []
+        for f in sorted(groups):
+            order += reversed(groups[f]) if rep % 2 else groups[f]
         for name, case, inflight, fn in order:
+            waited += await b.quiesce()
             try:
                 value = await fn()
             except Exception as exc:
@@ -224,6 +231,15 @@ async def peers(b: Bench, earlier: list[Row]) -> tuple[list[Row], dict[str, Any]
                 own_results[inflight].append(value)
             else:
                 results[(name, case)].append(value)
+    rows.append(
+        Row(
+            "peers",
+            "untimed waits for autovacuum between drains",
+            waited,
+            "s",
+            note="in all, over every drain of this scenario",
+        )
+    )
     runrow_at = {int(k.split("=")[1]): v for k, v in core.items() if k.startswith("c=") and k[2:].isdigit()}
     for f, vals in own_results.items():
         vals = [v for v in vals if v == v]
