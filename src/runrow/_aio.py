@@ -48,9 +48,6 @@ class TaskSet:
         self._tasks: set[asyncio.Task[Any]] = set()
         self.closed = False
 
-    def __len__(self) -> int:
-        return len(self._tasks)
-
     def start(self, coro: Coroutine[Any, Any, None]) -> None:
         """Starts ``coro`` as a task. Once :meth:`cancel_and_wait` has begun, ``coro`` is
         closed unstarted instead (whatever it was for is abandoned with the owner)."""

@@ -844,15 +844,23 @@ class Dispatcher:
         if isinstance(exc, _OutOfTime | WriterStopped):
             log.warning("finalize of run %s given up: %s", active.id, exc, extra=extra)
         elif isinstance(exc, _TRANSIENT):
-            log.warning(
-                "finalize of run %s failed (attempt %d): %s", active.id, attempt, describe(exc), extra=extra
-            )
+            self._attempt_failed(active, attempt, exc)
         elif isinstance(exc, psycopg.Error):
             log.warning("finalize of run %s rejected: %s", active.id, describe(exc), extra=extra)
         else:
             log.error("finalize of run %s: unexpected error", active.id, exc_info=exc, extra=extra)
         self._unrecorded.add(active.id)
         answer(False)
+
+    def _attempt_failed(self, active: _Active, attempt: int, exc: BaseException) -> None:
+        self._db_trouble()
+        log.warning(
+            "finalize of run %s failed (attempt %d): %s",
+            active.id,
+            attempt,
+            describe(exc),
+            extra={"run_id": str(active.id), "worker_id": self.worker_id},
+        )
 
     async def _finalize_again(
         self,
@@ -867,14 +875,7 @@ class Dispatcher:
         try:
             with anyio.CancelScope(shield=True, deadline=deadline) as bound:
                 while isinstance(exc, _TRANSIENT) and attempt < 3:
-                    self._db_trouble()
-                    log.warning(
-                        "finalize of run %s failed (attempt %d): %s",
-                        active.id,
-                        attempt,
-                        describe(exc),
-                        extra={"run_id": str(active.id), "worker_id": self.worker_id},
-                    )
+                    self._attempt_failed(active, attempt, exc)
                     await anyio.sleep(0.2 * attempt)
                     attempt += 1
                     try:
@@ -886,8 +887,6 @@ class Dispatcher:
                     return
             if bound.cancelled_caught:
                 exc = _OutOfTime(self.finalize_timeout)
-            elif isinstance(exc, _TRANSIENT):
-                self._db_trouble()
             self._finalize_failed(active, exc, attempt, answer)
         finally:
             if not answer.answered:  # the task was cancelled (shutdown past every budget)
