@@ -495,6 +495,20 @@ class Chaos:
                 w.state = "running"
             await self.record_fault(kind, at, ended_at=now(), worker_id=w.worker_id, victims=victims)
 
+    async def wait_connected(self, worker_ids: list[str], timeout: float) -> None:
+        """Waits (bounded) until every worker in ``worker_ids`` has a database connection."""
+        with anyio.move_on_after(timeout):
+            while True:
+                rows = await self.sql(
+                    "SELECT count(DISTINCT application_name) FROM pg_stat_activity "
+                    "WHERE application_name = ANY(%s)",
+                    (worker_ids,),
+                )
+                if rows[0][0] >= len(worker_ids):
+                    return
+                await anyio.sleep(0.1)
+        self.log(f"workers {worker_ids} not connected after {timeout}s; retiring the old ones anyway")
+
     async def backends(self, hubs: bool) -> list[tuple[int, str, str]]:
         rows = await self.sql(
             "SELECT pid, application_name, state, query FROM pg_stat_activity "
@@ -567,8 +581,13 @@ class Chaos:
                 while self.hook_faults_in_flight:
                     await anyio.sleep(0.1)
             self.notify_on = on
-            for slot, old in list(self.workers.items()):
-                self.spawn(slot)
+            olds = list(self.workers.items())
+            new = [self.spawn(slot).worker_id for slot, _ in olds]
+            # Rolling, as a deploy would be: the old workers drain only once their
+            # replacements are connected, so some worker's reaper covers every moment
+            # (retiring first left seconds without one while the new processes started).
+            await self.wait_connected(new, timeout=20)
+            for _, old in olds:
                 tg.start_soon(self.retire, old)
         finally:
             self.switching = False
