@@ -56,6 +56,16 @@ class Profile:
     concurrencies: tuple[int, ...] = (1, 4, 16)
     full_concurrencies: tuple[int, ...] = (4, 16)  # throughput_full cases
     peer_concurrencies: tuple[int, ...] = (4,)
+    # Drains scale with the jobs in flight, so a fast case is not over in a few tenths of
+    # a second (where one stall is a tenth of the figure): a drain is at least
+    # runs / peer_jobs and drain_per_slot x in flight, up to drain_max (0: no scaling).
+    drain_per_slot: int = 0
+    drain_max: int = 0
+    peer_reps: int = 0  # repetitions of the peers scenario (0: reps)
+
+    def drain_size(self, base: int, in_flight: int) -> int:
+        """Jobs to drain for a measurement with ``in_flight`` jobs picked at once."""
+        return max(base, min(self.drain_per_slot * in_flight, self.drain_max))
 
 
 PROFILES = {
@@ -101,6 +111,9 @@ PROFILES = {
         scale_samples=400,
         full_concurrencies=(1, 4, 16),
         peer_concurrencies=(1, 4, 16),
+        drain_per_slot=250,
+        drain_max=6_000,
+        peer_reps=5,
     ),
 }
 

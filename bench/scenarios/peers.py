@@ -150,11 +150,16 @@ async def peers(b: Bench, earlier: list[Row]) -> tuple[list[Row], dict[str, Any]
     p = b.profile
     dsn: dict[str, str] = b.peer_conninfo  # type: ignore[attr-defined]
     core = {r.case: r.value for r in earlier if r.scenario == "throughput_core"}
+
+    def jobs(in_flight: int) -> int:
+        # Every system at one in-flight count drains the same number of jobs.
+        return p.drain_size(p.peer_jobs, in_flight)
+
     # (name, case, in flight, drain)
     configs: list[tuple[str, str, int, Callable[[], Awaitable[float]]]] = []
     for c in p.peer_concurrencies:
         configs.append(
-            ("pgqueuer b1", f"c={c}", c, lambda c=c: pgqueuer_drain(dsn["pgqueuer"], p.peer_jobs, c, 1))
+            ("pgqueuer b1", f"c={c}", c, lambda c=c: pgqueuer_drain(dsn["pgqueuer"], jobs(c), c, 1))
         )
         if c % 2 == 0:
             # One worker holding c jobs: pgqueuer requires max_concurrent_tasks >= 2 x batch.
@@ -163,7 +168,7 @@ async def peers(b: Bench, earlier: list[Row]) -> tuple[list[Row], dict[str, Any]
                     f"pgqueuer b{c // 2} max{c}",
                     f"c={c}",
                     c,
-                    lambda c=c: pgqueuer_drain(dsn["pgqueuer"], p.peer_jobs, 1, c // 2, max_tasks=c),
+                    lambda c=c: pgqueuer_drain(dsn["pgqueuer"], jobs(c), 1, c // 2, max_tasks=c),
                 )
             )
         configs.append(
@@ -171,7 +176,7 @@ async def peers(b: Bench, earlier: list[Row]) -> tuple[list[Row], dict[str, Any]
                 "procrastinate",
                 f"c={c}",
                 c,
-                lambda c=c: procrastinate_drain(dsn["procrastinate"], p.peer_jobs, c),
+                lambda c=c: procrastinate_drain(dsn["procrastinate"], jobs(c), c),
             )
         )
         configs.append(
@@ -179,7 +184,7 @@ async def peers(b: Bench, earlier: list[Row]) -> tuple[list[Row], dict[str, Any]
                 "pgqueuer b10",
                 f"c={c}",
                 10 * c,
-                lambda c=c: pgqueuer_drain(dsn["pgqueuer"], p.peer_jobs, c, 10),
+                lambda c=c: pgqueuer_drain(dsn["pgqueuer"], jobs(10 * c), c, 10),
             )
         )
     rows: list[Row] = []
@@ -201,7 +206,7 @@ async def peers(b: Bench, earlier: list[Row]) -> tuple[list[Row], dict[str, Any]
         runnable.append((name, case, inflight, fn))
     # runrow itself at every in-flight count a peer reaches, interleaved with the peers.
     own = sorted({f for _, _, f, _ in runnable})
-    runrow_fns = {f: (lambda f=f: _runrow_drain(b, p.peer_jobs, f)) for f in own}
+    runrow_fns = {f: (lambda f=f: _runrow_drain(b, jobs(f), f)) for f in own}
     results: dict[tuple[str, str], list[float]] = {(n, c): [] for n, c, _, _ in runnable}
     own_results: dict[int, list[float]] = {f: [] for f in own}
     # Interleaved per in-flight count: each group is the peers at that count and runrow,
@@ -213,7 +218,7 @@ async def peers(b: Bench, earlier: list[Row]) -> tuple[list[Row], dict[str, Any]
     for f, fn in runrow_fns.items():
         groups.setdefault(f, []).append(("runrow", f"c={f}", f, fn))
     waited = 0.0
-    for rep in range(p.reps):
+    for rep in range(p.peer_reps or p.reps):
         order: list[tuple[str, str, int, Callable[[], Awaitable[float]]]] = []
         for f in sorted(groups):
             order += reversed(groups[f]) if rep % 2 else groups[f]

@@ -326,6 +326,8 @@ async def _interleaved(b: Bench, tag: str, fns: list[Callable[[str], Awaitable[f
             order.reverse()
         for i in order:
             async with b.schema(tag) as s:
+                # Untimed: the previous drain's clean-up (autovacuum) must not be billed here.
+                await b.quiesce()
                 out[i].append(await fns[i](s))
     return out
 
@@ -339,25 +341,26 @@ async def throughput(b: Bench, op: str, concurrencies: tuple[int, ...]) -> tuple
     # A short warm-up so the first measured case does not pay for cold caches.
     async with b.schema("warm") as s:
         await drain_runrow(b, s, min(200, p.runs), 4, op)
-    n = p.runs
     for label, c, procs in _cases(concurrencies):
+        batched_wanted = op == "noop" and procs == 1
+        # Every measurement of one case drains the same n, sized for its most in flight.
+        n = p.drain_size(p.runs, 10 * c if batched_wanted else c)
 
-        def rr(s: str, c: int = c, procs: int = procs) -> Awaitable[float]:
+        def rr(s: str, c: int = c, procs: int = procs, n: int = n) -> Awaitable[float]:
             if procs == 1:
                 return drain_runrow(b, s, n, c, op)
             return drain_runrow_procs(b, s, n, c, procs, op)
 
-        def bare(s: str, c: int = c) -> Awaitable[float]:
+        def bare(s: str, c: int = c, n: int = n) -> Awaitable[float]:
             return drain_bare(b, s, n, c, 1, op)
 
         fns: list[Callable[[str], Awaitable[float]]] = [rr, bare]
-        batched_wanted = op == "noop" and procs == 1
         if batched_wanted:
 
-            def batched(s: str, c: int = c) -> Awaitable[float]:
+            def batched(s: str, c: int = c, n: int = n) -> Awaitable[float]:
                 return drain_bare(b, s, n, c, 10, op)
 
-            def pipelined(s: str, c: int = c) -> Awaitable[float]:
+            def pipelined(s: str, c: int = c, n: int = n) -> Awaitable[float]:
                 return drain_bare_pipelined(b, s, n, c)
 
             fns += [batched, pipelined]
