@@ -321,6 +321,18 @@ SELECT fin.id,
             THEN pg_notify(%(wake_channel)s, '') END
 FROM fin
 
+-- name: ending_landed
+-- After an ending's answer was lost (connection cut) and its retry's fence matched
+-- nothing: had the lost attempt committed? Only this claim's own ending leaves the run
+-- with this status, this claim token and exactly this terminal event at this seq (the
+-- reaper's terminal event always names a reason and the tool calls it found uncertain).
+SELECT EXISTS (
+    SELECT 1
+    FROM {schema}.agent_run a
+    JOIN {schema}.run_event e ON e.run_id = a.id AND e.seq = %(seq)s AND e.type = 'complete'
+    WHERE a.id = %(run_id)s AND a.claim_token = %(claim_token)s AND a.status = %(status)s
+      AND e.payload = %(payload)s::jsonb)
+
 -- name: reap_candidates
 -- Runs whose lease lapsed more than the grace ago, or whose deadline passed more than the
 -- grace ago (their worker, alive or not, should have ended them). Only a hint: reap

@@ -16,6 +16,7 @@ import runrow
 from runrow.dispatcher import reap_expired
 
 from . import manual
+from .chaos.proxy import Proxy
 from .helpers import assert_journal_sound, events, is_terminal, run_row, status_of, table, wait_for
 
 pytestmark = pytest.mark.anyio
@@ -555,6 +556,54 @@ async def test_an_ending_whose_connection_dies_is_retried_and_lands(
     evs = await assert_journal_sound(conn, schema, run.id)
     assert [t for _, t, _ in evs][-2:] == ["content_delta", "complete"]
     assert any(f"finalize of run {run.id} failed (attempt 1)" in r.getMessage() for r in caplog.records)
+
+
+async def test_an_ending_that_committed_but_lost_its_answer_is_counted_once(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The worker reaches the server through a proxy that lets the ending through and
+    then drops the server's answer, closing the connection: the ending has committed,
+    but the worker sees a dead connection. Its retry's fence matches nothing; the worker
+    reads back that the ending recorded is its own and counts the run failed, once,
+    never "lost" (nor unrecorded)."""
+    caplog.set_level(logging.INFO, logger="runrow")
+    marker = f"answer-lost-{uuid.uuid4().hex}"
+
+    async def agent(run: runrow.RunContext) -> None:
+        raise RuntimeError(marker)  # the ending's error carries the marker
+
+    finished: list[bool] = []
+
+    class Recorded(runrow.Observer):
+        def run_finished(
+            self, run: runrow.RunContext, *, status: str, seconds: float, recorded: bool
+        ) -> None:
+            finished.append(recorded)
+
+    params = psycopg.conninfo.conninfo_to_dict(dsn)
+    host = str(params.get("host") or "127.0.0.1")
+    proxy = Proxy("127.0.0.1" if host.startswith("/") else host, int(params.get("port") or 5432))
+    async with anyio.create_task_group() as tg:
+        port = await proxy.start(tg)
+        proxied = psycopg.conninfo.make_conninfo(dsn, host="127.0.0.1", port=port)
+        proxy.lose_answer_to(marker.encode())
+        d = runrow.Dispatcher(
+            proxied, agent, schema=schema, notifications=False, observers=[Recorded()], **FAST
+        )
+        async with d:
+            run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content=1)
+            await wait_for(lambda: bool(finished), timeout=15, what="the run's ending answered")
+        tg.cancel_scope.cancel()
+    assert proxy.answers_lost == 1
+    assert finished == [True]
+    assert d.stats["failed"] == 1 and d.stats["lost"] == 0
+    row = await run_row(conn, schema, run.id)
+    assert row["status"] == "failed" and marker in row["error"]["message"]
+    evs = await assert_journal_sound(conn, schema, run.id)
+    assert sum(1 for _, t, _ in evs if t == "complete") == 1
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(f"finalize of run {run.id} failed (attempt 1)" in m for m in messages)
+    assert any(f"finalize of run {run.id}: an earlier attempt had landed" in m for m in messages)
 
 
 async def test_an_ending_that_cannot_land_is_given_up_within_its_budget(

@@ -320,6 +320,7 @@ class Dispatcher:
             "cancel_flag": _sql.statement("cancel_flag", schema),
             "finalize": _sql.statement("finalize", schema),
             "flush_landed": _sql.statement("flush_landed", schema),
+            "ending_landed": _sql.statement("ending_landed", schema),
             "append_events": _sql.statement("append_events", schema),
         }
         # Counters a host (or the metrics module) can read.
@@ -784,7 +785,8 @@ class Dispatcher:
         so a run costs no wake-up after its write. A transient failure is retried by a
         task of its own (three attempts in all, within the same budget); a retry after
         an ambiguous failure is safe: if the first attempt committed, the fence makes the
-        retry match nothing.
+        retry match nothing, and the worker then reads back whether the ending recorded
+        is its own (counted, not lost) or someone else's.
         """
         active.finishing = True
         journal = active.journal
@@ -880,6 +882,16 @@ class Dispatcher:
                     attempt += 1
                     try:
                         landed = await self._finalizer.submit(item, caller_shielded=True)
+                        if not landed:
+                            # The fence matched nothing: maybe the failed attempt had
+                            # committed and only its answer was lost.
+                            landed = await self._ending_landed(item)
+                            if landed:
+                                log.info(
+                                    "finalize of run %s: an earlier attempt had landed (its answer was lost)",
+                                    active.id,
+                                    extra={"run_id": str(active.id), "worker_id": self.worker_id},
+                                )
                     except Exception as again:
                         exc = again
                         continue
@@ -891,6 +903,17 @@ class Dispatcher:
         finally:
             if not answer.answered:  # the task was cancelled (shutdown past every budget)
                 self._finalize_failed(active, WriterStopped("the dispatcher shut down"), attempt, answer)
+
+    async def _ending_landed(self, item: _FinalItem) -> bool:
+        run_id, token, status, _, _, rows = item
+        seq, _, payload = rows[-1]  # the terminal event
+        async with statement_conn(self.pool) as conn:
+            cur = await conn.execute(
+                self._queries["ending_landed"],
+                {"run_id": run_id, "claim_token": token, "status": status, "seq": seq, "payload": payload},
+            )
+            row = await cur.fetchone()
+        return bool(row and row[0])
 
     async def _flush_landed(self, run_id: uuid.UUID, token: uuid.UUID, seqs: list[int]) -> tuple[int, bool]:
         self._db_trouble()

@@ -2,7 +2,11 @@
 
 ``cut(fraction)`` closes that share of the open connections (both sides, at once);
 ``delay = seconds`` holds every chunk that long before forwarding it, in both
-directions, until set back to 0. A connection attempt while the server is down is
+directions, until set back to 0. ``lose_answer_to(marker)`` lets the next request that
+carries ``marker`` through, then closes that connection when the server answers it,
+dropping the answer: the server has done the work (and, for an autocommit statement,
+committed it: PostgreSQL sends a small result only once the transaction has ended),
+but the client sees its connection die. A connection attempt while the server is down is
 closed at once, as the server itself would refuse it.
 """
 
@@ -19,10 +23,11 @@ if TYPE_CHECKING:
 
 
 class _Pair:
-    __slots__ = ("scope",)
+    __slots__ = ("lose_answer", "scope")
 
     def __init__(self) -> None:
         self.scope = anyio.CancelScope()
+        self.lose_answer = False
 
 
 class Proxy:
@@ -33,7 +38,9 @@ class Proxy:
         self.delay = 0.0
         self.accepted = 0
         self.cuts = 0
+        self.answers_lost = 0
         self._pairs: set[_Pair] = set()
+        self._marker: bytes | None = None
 
     @property
     def open_connections(self) -> int:
@@ -43,8 +50,12 @@ class Proxy:
         """Starts listening on 127.0.0.1 (a free port); serves in ``tg``. Returns the port."""
         listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
         self.port = int(listener.extra(anyio.abc.SocketAttribute.local_port))
-        tg.start_soon(listener.serve, self._handle)
+        tg.start_soon(self._serve, listener)
         return self.port
+
+    async def _serve(self, listener: anyio.abc.SocketListener) -> None:
+        async with listener:  # closed when serving is cancelled
+            await listener.serve(self._handle)
 
     def cut(self, fraction: float = 1.0, rng: random.Random | None = None) -> int:
         """Closes ``fraction`` of the open connections; returns how many."""
@@ -55,6 +66,11 @@ class Proxy:
             p.scope.cancel()
         self.cuts += len(chosen)
         return len(chosen)
+
+    def lose_answer_to(self, marker: bytes) -> None:
+        """One shot: the answer to the next request carrying ``marker`` is dropped and
+        its connection closed."""
+        self._marker = marker
 
     async def _handle(self, client: SocketStream) -> None:
         self.accepted += 1
@@ -70,15 +86,22 @@ class Proxy:
                 try:
                     with pair.scope:
                         async with anyio.create_task_group() as tg:
-                            tg.start_soon(self._pump, client, upstream, tg)
-                            tg.start_soon(self._pump, upstream, client, tg)
+                            tg.start_soon(self._pump, client, upstream, tg, pair, True)
+                            tg.start_soon(self._pump, upstream, client, tg, pair, False)
                 finally:
                     self._pairs.discard(pair)
 
-    async def _pump(self, src: SocketStream, dst: SocketStream, tg: TaskGroup) -> None:
+    async def _pump(
+        self, src: SocketStream, dst: SocketStream, tg: TaskGroup, pair: _Pair, upstream: bool
+    ) -> None:
         try:
             while True:
                 data = await src.receive(65536)
+                if upstream and self._marker is not None and self._marker in data:
+                    self._marker, pair.lose_answer = None, True
+                elif not upstream and pair.lose_answer:
+                    self.answers_lost += 1
+                    break  # drop the answer; the pair is closed below
                 if self.delay > 0:
                     await anyio.sleep(self.delay)
                 await dst.send(data)
