@@ -1,9 +1,11 @@
-"""The group-commit writer's batching and its shutdown, on its own (the statements it
-runs in the dispatcher are covered by the dispatcher's tests against PostgreSQL)."""
+"""The group-commit writer's batching, its shutdown and its split of a refused batch,
+on its own (the statements it runs in the dispatcher are covered by the dispatcher's
+tests against PostgreSQL)."""
 
 from __future__ import annotations
 
 import anyio
+import psycopg
 import pytest
 
 from runrow._groupcommit import GroupCommit, WriterStopped
@@ -66,3 +68,33 @@ async def test_a_stopped_writer_answers_at_once_with_writer_stopped() -> None:
     with anyio.fail_after(1), pytest.raises(WriterStopped):
         await gc.submit(3)
     assert written == [[1]]
+
+
+async def test_a_batch_the_server_refuses_is_retried_item_by_item(dsn: str) -> None:
+    """One item the server rejects (not an integrity error: a value it cannot read)
+    fails alone; the items batched with it land."""
+    batches: list[list[str]] = []
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+
+        async def write(items: list[str]) -> list[int]:
+            batches.append(list(items))
+            cur = await conn.execute(
+                "SELECT x::int FROM unnest(%s::text[]) WITH ORDINALITY AS u(x, i) ORDER BY i", (items,)
+            )
+            return [int(r[0]) for r in await cur.fetchall()]
+
+        gc: GroupCommit[str, int] = GroupCommit(write)
+        answers: dict[str, tuple[int | None, BaseException | None]] = {}
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(gc.run)
+            for item in ("1", "oops", "3"):  # queued together: one batch
+                gc.hand_over(item, lambda r, e, item=item: answers.__setitem__(item, (r, e)))
+            with anyio.fail_after(10):
+                while len(answers) < 3:
+                    await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+    assert batches[0] == ["1", "oops", "3"] and sorted(map(tuple, batches[1:])) == [("1",), ("3",), ("oops",)]
+    assert answers["1"] == (1, None) and answers["3"] == (3, None)
+    assert answers["oops"][0] is None and isinstance(
+        answers["oops"][1], psycopg.errors.InvalidTextRepresentation
+    )

@@ -2,8 +2,9 @@
 
 A lone write goes out at once (no waiting to fill a batch); writes that arrive while a
 statement is in flight ride the next one. So one run sees one round trip, and many
-runs cost one statement per round trip instead of one each. A batch that fails on an
-integrity error is retried item by item, so one run's conflict cannot fail another's.
+runs cost one statement per round trip instead of one each. A batch the server refuses
+(anything but a connection or server failure) is retried item by item, so one run's
+conflict or bad value cannot fail another's.
 
 A writer either waits for its item's result (:meth:`GroupCommit.submit`) or hands it
 over with a callback the writer calls when the batch ends (:meth:`GroupCommit.hand_over`):
@@ -125,8 +126,12 @@ class GroupCommit(Generic[T, R]):
                 results = await self._write([item for item, _ in batch])
             if bound.cancelled_caught:
                 raise TimeoutError("database write did not finish in time")
-        except psycopg.IntegrityError as exc:
-            if len(batch) == 1:
+        except psycopg.DatabaseError as exc:
+            # The server refused the statement. Unless the connection or the server is at
+            # fault (OperationalError: the caller may retry), one item may be to blame
+            # (a conflict, a value it rejects): each goes again alone, so it cannot cost
+            # the others theirs.
+            if len(batch) == 1 or isinstance(exc, psycopg.OperationalError):
                 self._fail(batch, exc)
             else:
                 for one in batch:
