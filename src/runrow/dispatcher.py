@@ -55,7 +55,8 @@ log = logging.getLogger("runrow.dispatcher")
 
 _Reason = Literal["cancel", "drain", "lost", "deadline"]
 # Failures a finalize retries: the write may or may not have landed; the fence makes a
-# second attempt safe either way.
+# second attempt safe either way (and one that matches nothing reads back whose ending
+# was recorded).
 _TRANSIENT = (psycopg.OperationalError, OSError, TimeoutError)
 
 
