@@ -98,3 +98,30 @@ async def test_a_batch_the_server_refuses_is_retried_item_by_item(dsn: str) -> N
     assert answers["oops"][0] is None and isinstance(
         answers["oops"][1], psycopg.errors.InvalidTextRepresentation
     )
+
+
+async def test_a_batch_failing_for_the_server_s_reasons_is_not_split(dsn: str) -> None:
+    """A fault that is nobody's item (here the statement is cancelled by its timeout)
+    fails the batch as a whole, once: going item by item would only repeat it."""
+    batches: list[list[str]] = []
+    async with await psycopg.AsyncConnection.connect(
+        dsn, autocommit=True, options="-c statement_timeout=50"
+    ) as conn:
+
+        async def write(items: list[str]) -> list[int]:
+            batches.append(list(items))
+            await conn.execute("SELECT pg_sleep(1)")
+            return [1 for _ in items]
+
+        gc: GroupCommit[str, int] = GroupCommit(write)
+        answers: dict[str, tuple[int | None, BaseException | None]] = {}
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(gc.run)
+            for item in ("a", "b", "c"):
+                gc.hand_over(item, lambda r, e, item=item: answers.__setitem__(item, (r, e)))
+            with anyio.fail_after(10):
+                while len(answers) < 3:
+                    await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+    assert batches == [["a", "b", "c"]]
+    assert all(r is None and isinstance(e, psycopg.errors.QueryCanceled) for r, e in answers.values())

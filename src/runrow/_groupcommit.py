@@ -3,8 +3,8 @@
 A lone write goes out at once (no waiting to fill a batch); writes that arrive while a
 statement is in flight ride the next one. So one run sees one round trip, and many
 runs cost one statement per round trip instead of one each. A batch the server refuses
-(anything but a connection or server failure) is retried item by item, so one run's
-conflict or bad value cannot fail another's.
+for what may be one item's fault (a conflict, a value it cannot take, a batch too large)
+is retried item by item, so one run's write cannot fail another's.
 
 A writer either waits for its item's result (:meth:`GroupCommit.submit`) or hands it
 over with a callback the writer calls when the batch ends (:meth:`GroupCommit.hand_over`):
@@ -28,6 +28,11 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 log = logging.getLogger("runrow.groupcommit")
+
+
+# Refusals that can be one item's doing: a constraint it breaks, a value the server
+# cannot take, a batch too large for one statement.
+_ONE_ITEMS_FAULT = (psycopg.IntegrityError, psycopg.DataError, psycopg.errors.ProgramLimitExceeded)
 
 
 class WriterStopped(Exception):
@@ -110,6 +115,8 @@ class GroupCommit(Generic[T, R]):
                 while self._queue:
                     batch = self._queue[: self._max_batch]
                     del self._queue[: self._max_batch]
+                    self.batches += 1
+                    self.items += len(batch)
                     with anyio.CancelScope(shield=True):
                         await self._flush(batch)
         finally:
@@ -118,20 +125,18 @@ class GroupCommit(Generic[T, R]):
             self._fail(left, WriterStopped("the writer stopped before this item was written"))
 
     async def _flush(self, batch: list[tuple[T, _Waiter[R]]]) -> None:
-        self.batches += 1
-        self.items += len(batch)
         try:
             # (A bare deadline scope, not fail_after: its context manager costs per batch.)
             with anyio.CancelScope(deadline=_aio.now() + self._timeout) as bound:
                 results = await self._write([item for item, _ in batch])
             if bound.cancelled_caught:
                 raise TimeoutError("database write did not finish in time")
-        except psycopg.DatabaseError as exc:
-            # The server refused the statement. Unless the connection or the server is at
-            # fault (OperationalError: the caller may retry), one item may be to blame
-            # (a conflict, a value it rejects): each goes again alone, so it cannot cost
-            # the others theirs.
-            if len(batch) == 1 or isinstance(exc, psycopg.OperationalError):
+        except _ONE_ITEMS_FAULT as exc:
+            # One item may be to blame (a conflict, a value the server rejects): each goes
+            # again alone, so it cannot cost the others theirs. (Not for faults of the
+            # connection, the server or the schema: each item would fail in turn, one
+            # timeout after another, while every other write waits.)
+            if len(batch) == 1:
                 self._fail(batch, exc)
             else:
                 for one in batch:
