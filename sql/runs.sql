@@ -352,7 +352,9 @@ LIMIT %(limit)s
 -- journal's primary key rejects any append that raced it. It says why (reason
 -- worker_lost or deadline_exceeded) and lists the tool calls the journal shows started
 -- (tool_call_started with a tool_call_id) and never finished (no tool_call_finished
--- with that id): their side effects are uncertain.
+-- with that id): their side effects are uncertain. (The terminal event always carries
+-- uncertain_tool_calls, which a worker's never does: ending_landed relies on it to tell
+-- a reaped ending from the worker's own.)
 WITH fin AS (
     UPDATE {schema}.agent_run a SET
         status      = CASE WHEN a.cancel_requested THEN 'cancelled' ELSE 'failed' END,

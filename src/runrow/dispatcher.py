@@ -908,12 +908,27 @@ class Dispatcher:
     async def _ending_landed(self, item: _FinalItem) -> bool:
         run_id, token, status, _, _, rows = item
         seq, _, payload = rows[-1]  # the terminal event
-        async with statement_conn(self.pool) as conn:
-            cur = await conn.execute(
-                self._queries["ending_landed"],
-                {"run_id": run_id, "claim_token": token, "status": status, "seq": seq, "payload": payload},
+        try:
+            async with statement_conn(self.pool) as conn:
+                cur = await conn.execute(
+                    self._queries["ending_landed"],
+                    {
+                        "run_id": run_id,
+                        "claim_token": token,
+                        "status": status,
+                        "seq": seq,
+                        "payload": payload,
+                    },
+                )
+                row = await cur.fetchone()
+        except Exception as exc:  # the caller counts it as a failed attempt
+            log.warning(
+                "finalize of run %s: reading back whether an earlier attempt landed failed: %s",
+                run_id,
+                describe(exc),
+                extra={"run_id": str(run_id), "worker_id": self.worker_id},
             )
-            row = await cur.fetchone()
+            raise
         return bool(row and row[0])
 
     async def _flush_landed(self, run_id: uuid.UUID, token: uuid.UUID, seqs: list[int]) -> tuple[int, bool]:

@@ -4,9 +4,10 @@
 ``delay = seconds`` holds every chunk that long before forwarding it, in both
 directions, until set back to 0. ``lose_answer_to(marker)`` lets the next request that
 carries ``marker`` through, then closes that connection when the server answers it,
-dropping the answer: the server has done the work (and, for an autocommit statement,
-committed it: PostgreSQL sends a small result only once the transaction has ended),
-but the client sees its connection die. A connection attempt while the server is down is
+dropping the answer: the server has done the work, but the client sees its connection
+die. For a statement in its own implicit transaction whose result fits the server's
+send buffer and that raises no notice, the work is committed by then: PostgreSQL sends
+such a result only when it reports ready for the next query, after the commit. A connection attempt while the server is down is
 closed at once, as the server itself would refuse it.
 """
 
