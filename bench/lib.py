@@ -224,6 +224,7 @@ class Bench:
         self.conninfo = conninfo
         self.profile = profile
         self.raw_wake_ms: list[float] = []  # the raw LISTEN/NOTIFY round trip (wake scenario)
+        self.quiesced = 0.0  # seconds spent in quiesce(), in all
 
     def app_conninfo(self, name: str) -> str:
         return psycopg.conninfo.make_conninfo(self.conninfo, application_name=name)
@@ -289,7 +290,9 @@ class Bench:
                     if not row or not row[0]:
                         break
                     await anyio.sleep(0.05)
-        return time.monotonic() - t0
+        waited = time.monotonic() - t0
+        self.quiesced += waited
+        return waited
 
     async def wait_drained(self, schema: str, timeout: float) -> float:
         """Polls until no run is queued or running; returns the monotonic time it saw that."""

@@ -338,6 +338,7 @@ async def throughput(b: Bench, op: str, concurrencies: tuple[int, ...]) -> tuple
     scenario = "throughput_core" if op == "noop" else "throughput_full"
     rows: list[Row] = []
     plot: dict[str, Any] = {"runrow": {}, "bare": {}, "bare_batched": {}, "bare_pipelined": {}}
+    quiesced = b.quiesced
     # A short warm-up so the first measured case does not pay for cold caches.
     async with b.schema("warm") as s:
         await drain_runrow(b, s, min(200, p.runs), 4, op)
@@ -427,4 +428,13 @@ async def throughput(b: Bench, op: str, concurrencies: tuple[int, ...]) -> tuple
                     samples=res[0],
                 )
             )
+    rows.append(
+        Row(
+            scenario,
+            "untimed waits for autovacuum before drains",
+            b.quiesced - quiesced,
+            "s",
+            note="in all, over every drain of this scenario",
+        )
+    )
     return rows, plot
