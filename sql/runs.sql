@@ -325,7 +325,8 @@ FROM fin
 -- After an ending's answer was lost (connection cut) and its retry's fence matched
 -- nothing: had the lost attempt committed? Only this claim's own ending leaves the run
 -- with this status, this claim token and exactly this terminal event at this seq (the
--- reaper's terminal event always names a reason and the tool calls it found uncertain).
+-- reaper's terminal event always lists the tool calls it found uncertain; a worker's
+-- never does).
 SELECT EXISTS (
     SELECT 1
     FROM {schema}.agent_run a
