@@ -1,0 +1,116 @@
+"""What the ending's own durable commit costs the claim loop, on one server in one run.
+
+Not a test (pytest does not collect it), and not a setting runrow uses. Run from the
+checkout:
+
+    python bench/commit_cost.py [--concurrency 1,4] [--runs 2000] [--reps 3]
+
+It drains no-op runs with runrow's pipelined loop and nothing else (one connection
+claims up to c runs while a second writes the previous batch's endings: the
+``bare pipelined`` baseline of ``throughput_core``), interleaving two variants:
+
+* ``durable``: the ending writer commits with ``synchronous_commit=on``, as runrow must
+  (an ending is visible to tails once committed, so it has to be durable by then);
+* ``async ending``: the writer's commits are asynchronous, so only the claims wait for
+  their WAL flush. Unsafe (a crash could lose an ending that tails already streamed);
+  measured only to show how much of the loop's time the second flush per cycle takes.
+
+It prints runs/s and the claim's latency (median) for each, and their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import psycopg
+
+from runrow.embedded import EmbeddedPostgres
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # for bench/lib.py and scenarios
+from lib import PROFILES, Bench, channels, finalize_params, statement
+from scenarios.throughput import _enqueue_ops
+
+
+async def drain(b: Bench, schema: str, n: int, concurrency: int, durable: bool) -> tuple[float, float]:
+    """(runs/s, claim latency p50 in ms) of the pipelined loop over ``n`` queued runs."""
+    await _enqueue_ops(b, schema, n, "noop")
+    claim, finalize, ch = statement("claim", schema), statement("finalize", schema), channels(schema)
+    claimer = await psycopg.AsyncConnection.connect(b.conninfo, autocommit=True)
+    writer = await psycopg.AsyncConnection.connect(b.conninfo, autocommit=True)
+    if not durable:
+        await writer.execute("SET synchronous_commit = off")
+    latencies: list[float] = []
+
+    async def end(batch: list[Any]) -> None:
+        await writer.execute(finalize, finalize_params(ch, [(r[0], r[1], int(r[-1]) + 1) for r in batch]))
+
+    try:
+        t0 = time.monotonic()
+        previous: list[Any] = []
+        while True:
+            async with anyio.create_task_group() as tg:
+                if previous:
+                    tg.start_soon(end, previous)
+                t1 = time.perf_counter()
+                cur = await claimer.execute(
+                    claim, {"limit": concurrency, "lease_seconds": 30.0, "worker_id": "bare", "now": None}
+                )
+                previous = await cur.fetchall()
+                latencies.append(time.perf_counter() - t1)
+            if not previous:
+                break
+        elapsed = time.monotonic() - t0
+    finally:
+        await claimer.close()
+        await writer.close()
+    return n / elapsed, statistics.median(latencies) * 1000
+
+
+async def measure(conninfo: str, concurrencies: list[int], runs: int, reps: int) -> None:
+    b = Bench(conninfo, PROFILES["quick"])
+    for c in concurrencies:
+        got: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
+        for rep in range(reps):
+            for durable in (True, False) if rep % 2 == 0 else (False, True):
+                async with b.schema("cc") as schema:
+                    await b.quiesce()
+                    got[durable].append(await drain(b, schema, runs, c, durable))
+        for durable, label in ((True, "durable"), (False, "async ending")):
+            rates = [r for r, _ in got[durable]]
+            claims = [ms for _, ms in got[durable]]
+            print(
+                f"c={c:<3} {label:<13} {statistics.median(rates):>7,.0f} runs/s "
+                f"({min(rates):,.0f}-{max(rates):,.0f})  claim p50 {statistics.median(claims):.2f} ms"
+            )
+        ratio = statistics.median(r for r, _ in got[False]) / statistics.median(r for r, _ in got[True])
+        print(f"c={c:<3} async ending / durable: x{ratio:.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--concurrency", default="1,4")
+    parser.add_argument("--runs", type=int, default=2000)
+    parser.add_argument("--reps", type=int, default=3)
+    args = parser.parse_args()
+    server = EmbeddedPostgres(fast=False, tcp=True, settings={"max_connections": "200"})
+    server.start()
+    try:
+        anyio.run(
+            measure,
+            server.conninfo(via_tcp=True),
+            [int(c) for c in args.concurrency.split(",")],
+            args.runs,
+            args.reps,
+        )
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()
