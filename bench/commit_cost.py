@@ -13,7 +13,7 @@ claims up to c runs while a second writes the previous batch's endings: the
   (an ending is visible to tails once committed, so it has to be durable by then);
 * ``async ending``: the writer's commits are asynchronous, so only the claims wait for
   their WAL flush. Unsafe (a crash could lose an ending that tails already streamed);
-  measured only to show how much of the loop's time the second flush per cycle takes.
+  measured only to show how much of the loop's time the ending's own flush takes.
 
 It prints runs/s and the claim's latency (median) for each, and their ratio.
 """
