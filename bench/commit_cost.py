@@ -23,53 +23,24 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
 import anyio
-import psycopg
 
 from runrow.embedded import EmbeddedPostgres
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # for bench/lib.py and scenarios
-from lib import PROFILES, Bench, channels, finalize_params, statement
-from scenarios.throughput import _enqueue_ops
+from lib import PROFILES, Bench
+from scenarios.throughput import drain_bare_pipelined
 
 
 async def drain(b: Bench, schema: str, n: int, concurrency: int, durable: bool) -> tuple[float, float]:
     """(runs/s, claim latency p50 in ms) of the pipelined loop over ``n`` queued runs."""
-    await _enqueue_ops(b, schema, n, "noop")
-    claim, finalize, ch = statement("claim", schema), statement("finalize", schema), channels(schema)
-    claimer = await psycopg.AsyncConnection.connect(b.conninfo, autocommit=True)
-    writer = await psycopg.AsyncConnection.connect(b.conninfo, autocommit=True)
-    if not durable:
-        await writer.execute("SET synchronous_commit = off")
     latencies: list[float] = []
-
-    async def end(batch: list[Any]) -> None:
-        await writer.execute(finalize, finalize_params(ch, [(r[0], r[1], int(r[-1]) + 1) for r in batch]))
-
-    try:
-        t0 = time.monotonic()
-        previous: list[Any] = []
-        while True:
-            async with anyio.create_task_group() as tg:
-                if previous:
-                    tg.start_soon(end, previous)
-                t1 = time.perf_counter()
-                cur = await claimer.execute(
-                    claim, {"limit": concurrency, "lease_seconds": 30.0, "worker_id": "bare", "now": None}
-                )
-                previous = await cur.fetchall()
-                latencies.append(time.perf_counter() - t1)
-            if not previous:
-                break
-        elapsed = time.monotonic() - t0
-    finally:
-        await claimer.close()
-        await writer.close()
-    return n / elapsed, statistics.median(latencies) * 1000
+    rate = await drain_bare_pipelined(
+        b, schema, n, concurrency, durable_endings=durable, claim_seconds=latencies
+    )
+    return rate, statistics.median(latencies) * 1000
 
 
 async def measure(conninfo: str, concurrencies: list[int], runs: int, reps: int) -> None:

@@ -268,16 +268,30 @@ async def drain_bare(b: Bench, schema: str, n: int, workers: int, batch: int, op
     return n / elapsed
 
 
-async def drain_bare_pipelined(b: Bench, schema: str, n: int, concurrency: int) -> float:
+async def drain_bare_pipelined(
+    b: Bench,
+    schema: str,
+    n: int,
+    concurrency: int,
+    *,
+    durable_endings: bool = True,
+    claim_seconds: list[float] | None = None,
+) -> float:
     """runrow's own loop with nothing of runrow's Python: one connection claims up to
     ``concurrency`` runs while a second writes the previous batch's endings, so a claim
     and an ending are in flight together, as in the Dispatcher with no-op agents.
-    The ceiling for the Dispatcher's design at this concurrency, on this server."""
+    The ceiling for the Dispatcher's design at this concurrency, on this server.
+
+    ``durable_endings=False`` commits the endings asynchronously (a diagnostic for
+    bench/commit_cost.py, never what runrow does); ``claim_seconds`` collects each
+    claim's latency."""
     await _enqueue_ops(b, schema, n, "noop")
     claim = statement("claim", schema)
     finalize = statement("finalize", schema)
     ch = channels(schema)
     claimer, writer = await _connections(b.conninfo, 2)
+    if not durable_endings:
+        await writer.execute("SET synchronous_commit = off")
     done = 0
 
     async def end(batch: list[Any]) -> None:
@@ -294,10 +308,13 @@ async def drain_bare_pipelined(b: Bench, schema: str, n: int, concurrency: int) 
             async with anyio.create_task_group() as tg:
                 if previous:
                     tg.start_soon(end, previous)
+                t1 = time.perf_counter()
                 cur = await claimer.execute(
                     claim, {"limit": concurrency, "lease_seconds": 30.0, "worker_id": "bare", "now": None}
                 )
                 previous = await cur.fetchall()
+                if claim_seconds is not None:
+                    claim_seconds.append(time.perf_counter() - t1)
             if not previous:
                 break
         elapsed = time.monotonic() - t0
