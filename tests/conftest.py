@@ -2,6 +2,9 @@
 
 * The server is runrow's own launcher (``runrow.embedded``): under root it runs the
   server as an unprivileged account; as a normal user it runs as that user.
+* ``RUNROW_TEST_SERVER=stock`` runs them on the distribution's server package instead
+  (Debian's ``postgresql``, found under ``/usr/lib/postgresql``) with its default settings:
+  JIT on, durability on. CI runs the suite both ways.
 * ``RUNROW_TEST_DATABASE_URL`` reuses a server you already run instead (the tests then
   create and drop a database ``runrow_test_<random>`` on it).
 * Each test gets its own freshly migrated runrow schema with a random name, which also
@@ -21,6 +24,8 @@ from pytest_postgresql.janitor import DatabaseJanitor
 
 import runrow
 from runrow.embedded import EmbeddedPostgres
+
+from .stock import require_stock_bin_dir
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterator
@@ -52,7 +57,12 @@ def pg_server() -> Iterator[Server]:
     if url:
         yield Server(None, url)
         return
-    launcher = EmbeddedPostgres(fast=True, tcp=True, settings={"max_connections": "300"})
+    if os.environ.get("RUNROW_TEST_SERVER", "") == "stock":
+        launcher = EmbeddedPostgres(
+            tcp=True, settings={"max_connections": "300"}, bin_dir=require_stock_bin_dir()
+        )
+    else:
+        launcher = EmbeddedPostgres(fast=True, tcp=True, settings={"max_connections": "300"})
     launcher.start()
     try:
         yield Server(launcher, None)

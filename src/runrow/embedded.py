@@ -136,7 +136,8 @@ class EmbeddedPostgres:
     ``base_dir`` holds ``data/``, the socket folder ``sock/`` and ``server.log``; by
     default a fresh private temporary folder, removed on :meth:`stop` when ``cleanup``.
     ``tcp=True`` also listens on 127.0.0.1 (a free port unless ``port`` is given).
-    ``fast=True`` turns durability off for throwaway test servers.
+    ``fast=True`` turns durability off for throwaway test servers. ``bin_dir`` picks the
+    server binaries (default: the first found, see :func:`find_bin_dir`).
     """
 
     def __init__(
@@ -148,6 +149,7 @@ class EmbeddedPostgres:
         fast: bool = False,
         settings: Mapping[str, str] | None = None,
         cleanup: bool | None = None,
+        bin_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.user = _run_as_user()
         self._made_base = base_dir is None
@@ -157,6 +159,7 @@ class EmbeddedPostgres:
         self.port = port or (_free_port() if tcp else 5432)
         self.settings = {**(_FAST_TEST_SETTINGS if fast else {}), **(settings or {})}
         self.proc: subprocess.Popen[bytes] | None = None
+        self._bin_dir = Path(bin_dir) if bin_dir else None
         self.bin_dir: Path | None = None
         self._lock_fd: int | None = None
         self._restarting = False
@@ -186,7 +189,7 @@ class EmbeddedPostgres:
         Raises :class:`ConfigurationError` with the reason when it cannot: no binaries,
         a base folder that is not safely ours, another live launcher on the same folder.
         """
-        self.bin_dir = find_bin_dir(self.user)
+        self.bin_dir = self._bin_dir or find_bin_dir(self.user)
         self._prepare_dirs()
         try:
             self._lock()
