@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import weakref
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import anyio
 import psycopg
@@ -15,7 +16,9 @@ from . import _sql
 from .errors import InvalidInput, SchemaOutOfDate
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable
+    from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+
+    from psycopg import AsyncCursor
 
 Database: TypeAlias = str | AsyncConnectionPool[AsyncConnection] | AsyncConnection
 """Where runrow finds the database: a conninfo string, a pool or an open connection."""
@@ -27,6 +30,50 @@ MISSING_SCHEMA = (
     psycopg.errors.UndefinedColumn,
     psycopg.errors.UndefinedFunction,
 )
+
+
+# -- JIT: no runrow statement is ever compiled (see sql/session.sql) --------------------
+
+# Connections whose session runrow itself set to jit = off (its own, direct connections).
+_JIT_OFF: weakref.WeakSet[AsyncConnection] = weakref.WeakSet()
+
+
+async def configure_own(conn: AsyncConnection) -> None:
+    """Turns JIT off for the session of a connection runrow opened and keeps to itself.
+
+    One statement per connection, none per statement afterwards. Only for direct
+    connections: behind a transaction pooler the next statement may run on another
+    server session, so those connections take the per-statement guard of :func:`execute`.
+    """
+    await conn.execute(_sql.statement("jit_off_session", "public"))
+    _JIT_OFF.add(conn)
+
+
+async def execute(
+    conn: AsyncConnection,
+    query: bytes,
+    params: Mapping[str, Any] | Sequence[Any] | None = None,
+    *,
+    cursor: AsyncCursor[Any] | None = None,
+) -> AsyncCursor[Any]:
+    """Runs one statement on ``conn`` with JIT off, and returns its cursor, results read.
+
+    On a connection runrow configured itself this is a plain ``execute``. On any other
+    (the host's pool or connection) the statement is pipelined behind a transaction-local
+    ``jit = off``: one round trip still, and nothing of the host's session changes. In
+    the host's own transaction the host's setting is put back in the same round trip.
+    """
+    cur = cursor if cursor is not None else conn.cursor()
+    if conn in _JIT_OFF:
+        await cur.execute(query, params)
+        return cur
+    joined = conn.info.transaction_status == TransactionStatus.INTRANS
+    async with conn.pipeline():
+        await conn.execute(_sql.statement("jit_save_off_local" if joined else "jit_off_local", "public"))
+        await cur.execute(query, params)
+        if joined:
+            await conn.execute(_sql.statement("jit_restore_local", "public"))
+    return cur
 
 
 @asynccontextmanager

@@ -33,7 +33,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from . import _aio, _json, _sql
-from ._db import HeldConnection, describe, require_schema, statement_conn
+from ._db import HeldConnection, configure_own, describe, execute, require_schema, statement_conn
 from ._groupcommit import GroupCommit, WriterStopped
 from ._names import DEFAULT_SCHEMA, Channels, check_schema
 from .errors import ConfigurationError, InvalidInput, LeaseLost
@@ -359,6 +359,9 @@ class Dispatcher:
                 # statements break: prepared_statements=False turns them off.
                 # Prepared at first use: the dispatcher repeats a handful of statements.
                 kwargs={"autocommit": True, "prepare_threshold": 0 if self.prepared_statements else None},
+                # A direct connection turns JIT off once for its session; behind a pooler
+                # (prepared_statements=False) every statement carries its own guard.
+                configure=configure_own if self.prepared_statements else None,
                 name=f"runrow-{self.worker_id}",
             )
             await self._pool.open(wait=True)
@@ -577,9 +580,11 @@ class Dispatcher:
         t0 = _aio.now()
         async with self._claim_conn.statement() as conn:
             cur = conn.cursor(row_factory=dict_row)
-            await cur.execute(
+            await execute(
+                conn,
                 self._queries["claim"],
                 {"limit": limit, "lease_seconds": self.lease, "worker_id": self.worker_id, "now": None},
+                cursor=cur,
             )
             rows = await cur.fetchall()
         self.stats["claims"] += 1
@@ -910,7 +915,8 @@ class Dispatcher:
         seq, _, payload = rows[-1]  # the terminal event
         try:
             async with statement_conn(self.pool) as conn:
-                cur = await conn.execute(
+                cur = await execute(
+                    conn,
                     self._queries["ending_landed"],
                     {
                         "run_id": run_id,
@@ -934,8 +940,8 @@ class Dispatcher:
     async def _flush_landed(self, run_id: uuid.UUID, token: uuid.UUID, seqs: list[int]) -> tuple[int, bool]:
         self._db_trouble()
         async with statement_conn(self.pool) as conn:
-            cur = await conn.execute(
-                self._queries["flush_landed"], {"run_id": run_id, "claim_token": token, "seqs": seqs}
+            cur = await execute(
+                conn, self._queries["flush_landed"], {"run_id": run_id, "claim_token": token, "seqs": seqs}
             )
             row = await cur.fetchone()
         assert row is not None
@@ -963,7 +969,8 @@ class Dispatcher:
             for seq, etype, payload in rows
         )
         async with self._append_conn.statement() as conn:
-            cur = await conn.execute(
+            cur = await execute(
+                conn,
                 self._queries["append_events"],
                 {
                     "events": events,
@@ -985,7 +992,8 @@ class Dispatcher:
             for seq, etype, payload in i[5]
         )
         async with self._finalize_conn.statement() as conn:
-            cur = await conn.execute(
+            cur = await execute(
+                conn,
                 self._queries["finalize"],
                 {
                     "runs": runs,
@@ -1029,8 +1037,10 @@ class Dispatcher:
                     continue
                 try:
                     async with statement_conn(self.pool) as conn:
-                        cur = await conn.execute(
-                            self._queries["cancel_flag"], {"run_id": run_id, "claim_token": active.token}
+                        cur = await execute(
+                            conn,
+                            self._queries["cancel_flag"],
+                            {"run_id": run_id, "claim_token": active.token},
                         )
                         row = await cur.fetchone()
                 except psycopg.Error as exc:
@@ -1073,7 +1083,8 @@ class Dispatcher:
             return
         try:
             async with statement_conn(self.pool) as conn:
-                cur = await conn.execute(
+                cur = await execute(
+                    conn,
                     self._queries["heartbeat"],
                     {
                         "ids": [a.id for a in actives],
@@ -1161,7 +1172,8 @@ async def reap_expired(
     reaped: list[uuid.UUID] = []
     while True:
         async with statement_conn(db) as conn:
-            cur = await conn.execute(
+            cur = await execute(
+                conn,
                 _sql.statement("reap_candidates", schema),
                 {"now": now, "grace_seconds": grace, "limit": limit},
             )
@@ -1170,7 +1182,8 @@ async def reap_expired(
             break
         try:
             async with statement_conn(db) as conn:
-                cur = await conn.execute(
+                cur = await execute(
+                    conn,
                     _sql.statement("reap", schema),
                     {
                         "ids": ids,

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from . import _json, _sql
-from ._db import Database, atomic, schema_guard, statement_conn
+from ._db import Database, atomic, execute, schema_guard, statement_conn
 from ._models import Run, StopResult
 from ._names import DEFAULT_SCHEMA, Channels, check_schema
 from .errors import ConversationBusy, InvalidInput, Overloaded, RunNotFound, RunrowError
@@ -126,7 +126,8 @@ async def enqueue(
     # their admission lock first, in the same transaction as the statement.
     async with schema_guard(db, schema), atomic(db) if gated else statement_conn(db) as conn:
         if gated:
-            await conn.execute(
+            await execute(
+                conn,
                 _sql.statement("admission_lock", schema),
                 {
                     "tenant_lock": None
@@ -137,7 +138,7 @@ async def enqueue(
             )
         if on_busy == "interrupt":
             interrupted = await _interrupt(conn, schema, conversation_id, idempotency_key, user_id)
-        cur = await conn.execute(_sql.statement("enqueue", schema), params)
+        cur = await execute(conn, _sql.statement("enqueue", schema), params)
         row = await cur.fetchone()
         assert row is not None  # the gate always yields one row
         if row[0] is not None:
@@ -147,7 +148,8 @@ async def enqueue(
             await _refuse(conn, schema, row, params)
     # The key exists: the first run won. Read it (this statement sees its commit).
     async with statement_conn(db) as conn:
-        cur = await conn.execute(
+        cur = await execute(
+            conn,
             _sql.statement("find_idempotent", schema),
             {"user_id": user_id, "idempotency_key": idempotency_key},
         )
@@ -179,7 +181,8 @@ async def _interrupt(
     from .stop import stop_locked
 
     if idempotency_key is not None:
-        cur = await conn.execute(
+        cur = await execute(
+            conn,
             _sql.statement("find_idempotent", schema),
             {"user_id": user_id, "idempotency_key": idempotency_key},
         )
@@ -193,7 +196,8 @@ async def _refuse(conn: AsyncConnection, schema: str, row: Any, params: dict[str
     busy, tenant_queued, conversation_queued = row[7], row[8], row[9]
     if busy:
         raise ConversationBusy(params["conversation_id"])
-    cur = await conn.execute(
+    cur = await execute(
+        conn,
         _sql.statement("throughput", schema),
         {"tenant_id": params["tenant_id"], "window_seconds": THROUGHPUT_WINDOW_SECONDS, "now": None},
     )
@@ -230,15 +234,15 @@ async def retry_run(db: Database, run_id: uuid.UUID | str, *, schema: str = DEFA
     rid = parse_run_id(run_id)
     params = {"run_id": rid, "wake_channel": Channels.for_schema(schema).wake}
     async with schema_guard(db, schema), atomic(db) as conn:
-        cur = await conn.execute(_sql.statement("retry", schema), params)
+        cur = await execute(conn, _sql.statement("retry", schema), params)
         row = await cur.fetchone()
         if row is not None:
             return Run(row[0], row[1], row[2], row[3], row[4], created=True)
-        cur = await conn.execute(_sql.statement("find_retry", schema), {"run_id": rid})
+        cur = await execute(conn, _sql.statement("find_retry", schema), {"run_id": rid})
         found = await cur.fetchone()
         if found is not None:
             return Run(found[0], found[1], found[2], found[3], found[4], created=False)
-        cur = await conn.execute(_sql.statement("get_run", schema), {"run_id": rid})
+        cur = await execute(conn, _sql.statement("get_run", schema), {"run_id": rid})
         original = await cur.fetchone()
     if original is None:
         raise RunNotFound(rid)

@@ -46,7 +46,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from . import _aio, _json, _sql
-from ._db import Database, describe, schema_guard, statement_conn
+from ._db import Database, configure_own, describe, execute, schema_guard, statement_conn
 from ._models import TERMINAL
 from ._names import DEFAULT_SCHEMA, Channels, check_schema
 from .enqueue import parse_run_id
@@ -438,26 +438,27 @@ async def _read(
     if own:
         if not conn_box or conn_box[0].closed:
             assert isinstance(db, str)
-            conn_box[:] = [
-                await AsyncConnection.connect(
-                    db, autocommit=True, prepare_threshold=5 if prepared_statements else None
-                )
-            ]
+            conn = await AsyncConnection.connect(
+                db, autocommit=True, prepare_threshold=5 if prepared_statements else None
+            )
+            conn_box[:] = [conn]
+            if prepared_statements:  # a direct connection (see configure_own)
+                await configure_own(conn)
         source: Database = conn_box[0]
     else:
         source = db
     async with statement_conn(source) as conn:
-        cur = await conn.execute(read_q, {"run_id": rid, "after": cursor, "limit": batch})
+        cur = await execute(conn, read_q, {"run_id": rid, "after": cursor, "limit": batch})
         rows = await cur.fetchall()
         if rows:
             return rows, None
-        cur = await conn.execute(state_q, {"run_id": rid})
+        cur = await execute(conn, state_q, {"run_id": rid})
         state = await cur.fetchone()
         if state is None:
             raise RunNotFound(rid)
         if state[0] in TERMINAL:
             # The ending commits the status with its event: read once more.
-            cur = await conn.execute(read_q, {"run_id": rid, "after": cursor, "limit": batch})
+            cur = await execute(conn, read_q, {"run_id": rid, "after": cursor, "limit": batch})
             rows = await cur.fetchall()
         return rows, state
 

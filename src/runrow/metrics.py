@@ -32,7 +32,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from . import _sql
-from ._db import Database, atomic
+from ._db import Database, atomic, execute
 from ._names import DEFAULT_SCHEMA, check_schema
 from .errors import ConfigurationError
 from .observe import Observer
@@ -231,8 +231,8 @@ class QueueCollector(Collector):
         params = {"timeout_ms": str(max(1, int(self.timeout * 1000)))}
         with anyio.fail_after(self.timeout + 1):
             async with atomic(self.db) as conn:
-                await conn.execute(_sql.statement("metrics_statement_timeout", self.schema), params)
-                cur = await conn.execute(_sql.statement("queue_depth_by_tenant", self.schema))
+                await execute(conn, _sql.statement("metrics_statement_timeout", self.schema), params)
+                cur = await execute(conn, _sql.statement("queue_depth_by_tenant", self.schema))
                 rows = await cur.fetchall()
         found: dict[str, tuple[int, int, float]] = {}
         for tenant, status, runs, oldest in rows:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from psycopg.rows import dict_row
 
 from . import _json, _sql
-from ._db import Database, schema_guard, statement_conn
+from ._db import Database, execute, schema_guard, statement_conn
 from ._models import Message, RunInfo
 from ._names import DEFAULT_SCHEMA, check_schema
 from .enqueue import parse_run_id
@@ -26,7 +26,7 @@ async def get_run(db: Database, run_id: uuid.UUID | str, *, schema: str = DEFAUL
     rid = parse_run_id(run_id)
     async with schema_guard(db, schema), statement_conn(db) as conn:
         cur = conn.cursor(row_factory=dict_row)
-        await cur.execute(_sql.statement("get_run", schema), {"run_id": rid})
+        await execute(conn, _sql.statement("get_run", schema), {"run_id": rid}, cursor=cur)
         row = await cur.fetchone()
     if row is None:
         raise RunNotFound(rid)
@@ -50,9 +50,11 @@ async def list_runs(
         raise InvalidInput("limit", "must be between 1 and 10000")
     async with schema_guard(db, schema), statement_conn(db) as conn:
         cur = conn.cursor(row_factory=dict_row)
-        await cur.execute(
+        await execute(
+            conn,
             _sql.statement("list_runs", schema),
             {"conversation_id": conversation_id, "status": status, "limit": limit},
+            cursor=cur,
         )
         return [RunInfo(**r) for r in await cur.fetchall()]
 
@@ -62,7 +64,7 @@ async def transcript(db: Database, conversation_id: str, *, schema: str = DEFAUL
     check_schema(schema)
     _json.check_id(conversation_id, "conversation_id")
     async with schema_guard(db, schema), statement_conn(db) as conn:
-        cur = await conn.execute(_sql.statement("transcript", schema), {"conversation_id": conversation_id})
+        cur = await execute(conn, _sql.statement("transcript", schema), {"conversation_id": conversation_id})
         return [Message(*r) for r in await cur.fetchall()]
 
 
@@ -86,7 +88,7 @@ async def queue_stats(db: Database, *, schema: str = DEFAULT_SCHEMA) -> QueueSta
     """Queued and running counts, the oldest queued run's age, last hour's outcomes."""
     check_schema(schema)
     async with schema_guard(db, schema), statement_conn(db) as conn:
-        cur = await conn.execute(_sql.statement("stats", schema))
+        cur = await execute(conn, _sql.statement("stats", schema))
         rows = await cur.fetchall()
     oldest = next((float(r[2]) for r in rows if r[0] == "queued" and r[2] is not None), None)
     return QueueStats({r[0]: int(r[1]) for r in rows}, oldest)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from . import _sql
-from ._db import Database, schema_guard, statement_conn
+from ._db import Database, execute, schema_guard, statement_conn
 from ._names import DEFAULT_SCHEMA, check_schema
 from .errors import InvalidInput
 
@@ -40,7 +40,8 @@ async def trim(
     runs = events = 0
     while True:
         async with schema_guard(db, schema), statement_conn(db) as conn:
-            cur = await conn.execute(
+            cur = await execute(
+                conn,
                 _sql.statement("trim", schema),
                 {"retention_seconds": retention.total_seconds(), "limit": batch, "now": now},
             )

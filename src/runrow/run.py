@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 from . import _json, _sql
-from ._db import statement_conn
+from ._db import execute, statement_conn
 from ._models import Message
 from .errors import InvalidInput, LeaseLost
 from .journal import CONTENT_DELTA, JournalWriter
@@ -82,7 +82,8 @@ class RunContext:
         body = _json.dumps(content, "content", self._dispatcher.max_event_bytes)
         await self._journal.flush()
         async with statement_conn(self._dispatcher.pool) as conn:
-            cur = await conn.execute(
+            cur = await execute(
+                conn,
                 _sql.statement("write_message", self._dispatcher.schema),
                 {"run_id": self.run_id, "claim_token": self._claim_token, "role": role, "content": body},
             )
@@ -96,7 +97,8 @@ class RunContext:
     async def transcript(self) -> list[Message]:
         """The conversation's transcript so far (drafts excluded), oldest first."""
         async with statement_conn(self._dispatcher.pool) as conn:
-            cur = await conn.execute(
+            cur = await execute(
+                conn,
                 _sql.statement("transcript", self._dispatcher.schema),
                 {"conversation_id": self.conversation_id},
             )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from . import _json, _sql
-from ._db import Database, atomic, schema_guard
+from ._db import Database, atomic, execute, schema_guard
 from ._models import Draft, StopResult
 from ._names import DEFAULT_SCHEMA, Channels, check_schema
 from .enqueue import parse_run_id
@@ -40,8 +40,8 @@ async def stop_locked(conn: object, schema: str, conversation_id: str) -> StopRe
     from psycopg import AsyncConnection
 
     assert isinstance(conn, AsyncConnection)
-    cur = await conn.execute(
-        _sql.statement("lock_conversation_runs", schema), {"conversation_id": conversation_id}
+    cur = await execute(
+        conn, _sql.statement("lock_conversation_runs", schema), {"conversation_id": conversation_id}
     )
     runs = await cur.fetchall()
     return await _stop(conn, schema, [(r[0], r[1]) for r in runs])
@@ -54,7 +54,7 @@ async def cancel_run(db: Database, run_id: uuid.UUID | str, *, schema: str = DEF
     check_schema(schema)
     rid = parse_run_id(run_id)
     async with schema_guard(db, schema), atomic(db) as conn:
-        cur = await conn.execute(_sql.statement("lock_run", schema), {"run_id": rid})
+        cur = await execute(conn, _sql.statement("lock_run", schema), {"run_id": rid})
         row = await cur.fetchone()
         if row is None:
             raise RunNotFound(rid)
@@ -71,13 +71,17 @@ async def _stop(conn: object, schema: str, runs: list[tuple[uuid.UUID, str]]) ->
     drafts: list[Draft] = []
     flagged: list[uuid.UUID] = []
     if queued:
-        cur = await conn.execute(
-            _sql.statement("cancel_queued", schema), {"ids": queued, "events_prefix": channels.events_prefix}
+        cur = await execute(
+            conn,
+            _sql.statement("cancel_queued", schema),
+            {"ids": queued, "events_prefix": channels.events_prefix},
         )
         drafts = [Draft(r[0], r[1], r[2]) for r in await cur.fetchall()]
     if running:
-        cur = await conn.execute(
-            _sql.statement("request_cancel", schema), {"ids": running, "cancel_channel": channels.cancel}
+        cur = await execute(
+            conn,
+            _sql.statement("request_cancel", schema),
+            {"ids": running, "cancel_channel": channels.cancel},
         )
         flagged = [r[0] for r in await cur.fetchall()]
     order = {rid: i for i, (rid, _) in enumerate(runs)}

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from . import _json, _sql
-from ._db import Database, atomic, schema_guard, statement_conn
+from ._db import Database, atomic, execute, schema_guard, statement_conn
 from ._models import QueuePosition, TenantPolicy
 from ._names import DEFAULT_SCHEMA, check_schema
 from .enqueue import THROUGHPUT_WINDOW_SECONDS, parse_run_id
@@ -59,7 +59,8 @@ async def set_tenant_policy(
     ):
         raise InvalidInput("max_running", "must be a positive integer or None")
     async with schema_guard(db, schema), atomic(db) as conn:
-        cur = await conn.execute(
+        cur = await execute(
+            conn,
             _sql.statement("set_tenant_policy", schema),
             {"tenant_id": tenant_id, "weight": weight, "max_running": max_running},
         )
@@ -72,7 +73,7 @@ async def tenant_policies(db: Database, *, schema: str = DEFAULT_SCHEMA) -> list
     """Every tenant policy set; tenants without one have weight 1 and no cap."""
     check_schema(schema)
     async with schema_guard(db, schema), statement_conn(db) as conn:
-        cur = await conn.execute(_sql.statement("list_tenant_policies", schema))
+        cur = await execute(conn, _sql.statement("list_tenant_policies", schema))
         return [TenantPolicy(r[0], r[1], r[2]) for r in await cur.fetchall()]
 
 
@@ -97,11 +98,12 @@ async def queue_position(
     check_schema(schema)
     rid = parse_run_id(run_id)
     async with schema_guard(db, schema), statement_conn(db) as conn:
-        cur = await conn.execute(_sql.statement("queue_position", schema), {"run_id": rid, "now": now})
+        cur = await execute(conn, _sql.statement("queue_position", schema), {"run_id": rid, "now": now})
         row = await cur.fetchone()
         if row is None:
             raise RunNotFound(rid)
-        cur = await conn.execute(
+        cur = await execute(
+            conn,
             _sql.statement("throughput", schema),
             {"tenant_id": None, "window_seconds": THROUGHPUT_WINDOW_SECONDS, "now": now},
         )

@@ -1,0 +1,25 @@
+-- Session settings runrow applies to the connections it runs statements on.
+--
+-- JIT: stock server packages ship jit = on with jit_above_cost = 100000. A claim or a
+-- queue position read at depth is estimated above that and would be compiled by LLVM on
+-- every execution (hundreds of milliseconds for a statement that runs in a few). No
+-- runrow statement is worth compiling, so none runs with JIT: runrow's own connections
+-- turn it off for their session once (jit_off_session), and any other connection (the
+-- host's pool or connection, or a connection behind a transaction pooler) turns it off
+-- for the one statement, pipelined in the same round trip (see src/runrow/_db.py).
+
+-- name: jit_off_session
+SET jit = off
+
+-- name: jit_off_local
+-- In an implicit transaction (an autocommit connection's pipeline: everything up to the
+-- Sync is one transaction) or runrow's own transaction: lasts until it ends.
+SELECT set_config('jit', 'off', true)
+
+-- name: jit_save_off_local
+-- Inside the host's transaction: remember its setting, then turn JIT off...
+SELECT set_config('runrow.saved_jit', current_setting('jit'), true), set_config('jit', 'off', true)
+
+-- name: jit_restore_local
+-- ...and put the host's setting back after runrow's statement, in the same round trip.
+SELECT set_config('jit', current_setting('runrow.saved_jit'), true)
