@@ -104,7 +104,9 @@ async def _agent(run: runrow.RunContext) -> None:
     await anyio.sleep(0.3)  # long enough for a heartbeat (0.1 s) to renew the lease
 
 
-async def _exercise(dsn: str, schema: str, db: runrow.Database, dispatcher_db: str | AsyncConnectionPool) -> None:
+async def _exercise(
+    dsn: str, schema: str, db: runrow.Database, dispatcher_db: str | AsyncConnectionPool
+) -> None:
     """Every hot-path statement once or more, through ``db`` (and the Dispatcher's ``dispatcher_db``)."""
     # enqueue, ungated and gated (admission limits take the advisory-lock path)
     first = await runrow.enqueue(db, conversation_id="c1", user_id="u", content="hi", schema=schema)
@@ -186,23 +188,22 @@ async def test_the_hosts_transaction_keeps_its_own_jit_setting(forced: str) -> N
     schema = "jit_host_tx"
     await runrow.migrate(forced, schema=schema)
     await _reset(forced)
-    async with await psycopg.AsyncConnection.connect(forced) as conn:
-        async with conn.transaction():
-            run = await runrow.enqueue(conn, conversation_id="c", user_id="u", content="hi", schema=schema)
-            cur = await conn.execute("SHOW jit")
-            assert (await cur.fetchone()) == ("on",), "runrow left JIT off in the host's transaction"
-            await runrow.enqueue(
-                conn,
-                conversation_id="c",
-                user_id="u",
-                content="again",
-                schema=schema,
-                max_queued_per_conversation=5,
-            )
-            await runrow.queue_position(conn, run.id, schema=schema)
-            await runrow.stop_conversation(conn, "c", schema=schema)
-            cur = await conn.execute("SHOW jit")
-            assert (await cur.fetchone()) == ("on",)
+    async with await psycopg.AsyncConnection.connect(forced) as conn, conn.transaction():
+        run = await runrow.enqueue(conn, conversation_id="c", user_id="u", content="hi", schema=schema)
+        cur = await conn.execute("SHOW jit")
+        assert (await cur.fetchone()) == ("on",), "runrow left JIT off in the host's transaction"
+        await runrow.enqueue(
+            conn,
+            conversation_id="c",
+            user_id="u",
+            content="again",
+            schema=schema,
+            max_queued_per_conversation=5,
+        )
+        await runrow.queue_position(conn, run.id, schema=schema)
+        await runrow.stop_conversation(conn, "c", schema=schema)
+        cur = await conn.execute("SHOW jit")
+        assert (await cur.fetchone()) == ("on",)
     assert await _compiled(forced) == []
 
 
