@@ -1,0 +1,215 @@
+"""Turn order (#17): the transcript follows turns, not insert order, and a conversation's
+turns start in the order their enqueues committed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import psycopg
+import pytest
+
+import runrow
+
+from .helpers import is_terminal, wait_for
+
+pytestmark = pytest.mark.anyio
+
+FAST = {"poll": 0.5, "heartbeat": 0.2, "lease": 2.0, "grace": 1.0, "reap_interval": 0.2}
+
+
+def _shape(msgs: list[runrow.Message]) -> list[tuple[str, Any, str]]:
+    return [(m.role, m.content, m.status) for m in msgs]
+
+
+async def _enqueue(db: Any, schema: str, conversation: str, content: str, **kw: Any) -> runrow.Run:
+    return await runrow.enqueue(
+        db, schema=schema, conversation_id=conversation, user_id="u", content=content, **kw
+    )
+
+
+@pytest.mark.parametrize("answer", ["streamed", "written"])
+async def test_an_answer_stays_before_the_next_turn_sent_while_it_streamed(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection, answer: str
+) -> None:
+    streaming, release = anyio.Event(), anyio.Event()
+    seen: dict[str, list[tuple[str, Any, str]]] = {}
+
+    async def agent(run: runrow.RunContext) -> None:
+        seen[run.content] = _shape(await run.transcript())
+        if run.content == "q1":
+            await run.text("a1")
+            await run.flush()
+            streaming.set()
+            await release.wait()
+            if answer == "written":
+                await run.write_message("a1")
+            return
+        await run.write_message("a2")
+
+    async with runrow.Dispatcher(dsn, agent, schema=schema, **FAST):
+        first = await _enqueue(dsn, schema, "c", "q1")
+        with anyio.fail_after(10):
+            await streaming.wait()
+        second = await _enqueue(dsn, schema, "c", "q2")  # double-texting, on_busy="enqueue"
+        release.set()
+        for run in (first, second):
+            await wait_for(lambda run=run: is_terminal(conn, schema, run.id), what="both turns to end")
+    turn1 = [("user", "q1", "sent"), ("assistant", "a1", "complete")]
+    turn2 = [("user", "q2", "sent"), ("assistant", "a2", "complete")]
+    # The second turn's model reads the first turn's answer before its own question.
+    assert seen["q2"] == [*turn1, turn2[0]]
+    assert _shape(await runrow.transcript(dsn, "c", schema=schema)) == [*turn1, *turn2]
+
+
+async def test_an_interrupted_partial_answer_stays_in_its_turn(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    streaming = anyio.Event()
+    seen: dict[str, list[tuple[str, Any, str]]] = {}
+
+    async def agent(run: runrow.RunContext) -> None:
+        seen[run.content] = _shape(await run.transcript())
+        if run.content == "q1":
+            await run.text("half")
+            await run.flush()
+            streaming.set()
+            await anyio.sleep_forever()
+        await run.write_message("a2")
+
+    async with runrow.Dispatcher(dsn, agent, schema=schema, **FAST):
+        first = await _enqueue(dsn, schema, "c", "q1")
+        with anyio.fail_after(10):
+            await streaming.wait()
+        second = await _enqueue(dsn, schema, "c", "q2", on_busy="interrupt")
+        for run in (first, second):
+            await wait_for(lambda run=run: is_terminal(conn, schema, run.id), what="both turns to end")
+    turn1 = [("user", "q1", "sent"), ("assistant", "half", "partial")]
+    assert seen["q2"] == [*turn1, ("user", "q2", "sent")]
+    assert _shape(await runrow.transcript(dsn, "c", schema=schema)) == [
+        *turn1,
+        ("user", "q2", "sent"),
+        ("assistant", "a2", "complete"),
+    ]
+
+
+async def test_a_turn_reads_no_later_turn_and_a_retry_answers_in_its_own_turn(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    """A running turn's model is not handed questions queued after it; a retry's answer
+    joins the turn it retries, and its model reads the conversation up to that turn."""
+    streaming, release = anyio.Event(), anyio.Event()
+    seen: list[tuple[str, list[tuple[str, Any, str]]]] = []
+    attempts: list[str] = []
+
+    async def agent(run: runrow.RunContext) -> None:
+        attempts.append(run.content)
+        if run.content == "q1" and attempts.count("q1") == 1:
+            await run.text("a1 cut")
+            await run.flush()
+            streaming.set()
+            await release.wait()
+            seen.append((run.content, _shape(await run.transcript())))
+            raise RuntimeError("model exploded")
+        seen.append((run.content, _shape(await run.transcript())))
+        await run.write_message(f"a{run.content[1:]}")
+
+    async with runrow.Dispatcher(dsn, agent, schema=schema, **FAST):
+        first = await _enqueue(dsn, schema, "c", "q1")
+        with anyio.fail_after(10):
+            await streaming.wait()
+        second = await _enqueue(dsn, schema, "c", "q2")
+        release.set()
+        for run in (first, second):
+            await wait_for(lambda run=run: is_terminal(conn, schema, run.id), what="both turns to end")
+        retry = await runrow.retry_run(dsn, first.id, schema=schema)
+        await wait_for(lambda: is_terminal(conn, schema, retry.id), what="the retry to end")
+    q1, q2 = ("user", "q1", "sent"), ("user", "q2", "sent")
+    cut = ("assistant", "a1 cut", "partial")
+    assert seen == [
+        ("q1", [q1]),  # q2 was already queued: not this turn's business
+        ("q2", [q1, cut, q2]),
+        ("q1", [q1, cut]),  # the retry answers q1, not q2
+    ]
+    assert _shape(await runrow.transcript(dsn, "c", schema=schema)) == [
+        q1,
+        cut,
+        ("assistant", "a1", "complete"),
+        q2,
+        ("assistant", "a2", "complete"),
+    ]
+
+
+async def test_migration_puts_existing_messages_in_turn_order(
+    dsn: str, schema_name: str, conn: psycopg.AsyncConnection
+) -> None:
+    """Rows written before the turn column existed (version 2) are backfilled into turns."""
+    import uuid
+
+    from psycopg import sql
+
+    from .helpers import table
+
+    def t(name: str) -> sql.Composed:
+        return table(schema_name, name)
+
+    ids = {k: uuid.uuid4() for k in ("m1", "m2", "m3", "r1", "r2", "r3", "r4")}
+
+    async def message(mid: str | None, run: str | None, role: str, content: str, status: str) -> None:
+        await conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (id, conversation_id, run_id, role, content, status)"
+                " VALUES (%s, 'c', %s, %s, %s, %s)"
+            ).format(t("message")),
+            (
+                ids[mid] if mid else uuid.uuid4(),
+                ids[run] if run else None,
+                role,
+                psycopg.types.json.Jsonb(content),
+                status,
+            ),
+        )
+
+    async def agent_run(rid: str, mid: str, status: str, retry_of: str | None = None) -> None:
+        await conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (id, conversation_id, user_id, user_message_id, status, retry_of,"
+                " finished_at) VALUES (%s, 'c', 'u', %s, %s, %s,"
+                " CASE WHEN %s IN ('queued', 'running') THEN NULL ELSE now() END)"
+            ).format(t("agent_run")),
+            (ids[rid], ids[mid], status, ids[retry_of] if retry_of else None, status),
+        )
+
+    try:
+        await runrow.migrate(dsn, schema=schema_name, target=2)
+        # Insert order as the old code produced it: q2 arrived while turn 1 streamed.
+        await message("m1", "r1", "user", "q1", "sent")
+        await agent_run("r1", "m1", "failed")
+        await message("m2", "r2", "user", "q2", "sent")
+        await agent_run("r2", "m2", "completed")
+        await message(None, "r1", "assistant", "a1 cut", "partial")
+        await message(None, "r2", "assistant", "a2", "complete")
+        await message("m3", "r4", "user", "q3", "draft")  # a stopped turn's draft
+        await agent_run("r4", "m3", "cancelled")
+        await message(None, None, "system", "note", "complete")  # no run: after what came before
+        await agent_run("r3", "m1", "completed", retry_of="r1")  # a retry answers in turn 1
+        await message(None, "r3", "assistant", "a1", "complete")
+        await runrow.migrate(dsn, schema=schema_name)
+        assert _shape(await runrow.transcript(dsn, "c", schema=schema_name)) == [
+            ("user", "q1", "sent"),
+            ("assistant", "a1 cut", "partial"),
+            ("assistant", "a1", "complete"),
+            ("user", "q2", "sent"),
+            ("assistant", "a2", "complete"),
+            ("system", "note", "complete"),
+        ]
+        # The draft keeps its own turn, so a retry of it comes back where it was.
+        cur = await conn.execute(
+            sql.SQL("SELECT m.turn = r.queue_order FROM {} m JOIN {} r ON r.id = %s WHERE m.id = %s").format(
+                t("message"), t("agent_run")
+            ),
+            (ids["r4"], ids["m3"]),
+        )
+        assert await cur.fetchone() == (True,)
+    finally:
+        await conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema_name)))
