@@ -44,10 +44,12 @@ WITH gate AS (
                     now() + make_interval(secs => %(deadline_in)s::float8))
     FROM admitted
     ON CONFLICT (user_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, user_message_id, conversation_id, user_id, status, created_at
+    RETURNING id, user_message_id, conversation_id, user_id, status, created_at, queue_order
 ), msg AS (
-    INSERT INTO {schema}.message (id, conversation_id, run_id, role, content, status, user_id)
-    SELECT user_message_id, conversation_id, id, 'user', %(content)s, 'sent', user_id FROM run
+    -- The message opens the run's turn: its queue_order (the transcript's order).
+    INSERT INTO {schema}.message (id, conversation_id, run_id, role, content, status, user_id, turn)
+    SELECT user_message_id, conversation_id, id, 'user', %(content)s, 'sent', user_id, queue_order
+    FROM run
 ), ev AS (
     INSERT INTO {schema}.run_event (run_id, seq, type, payload)
     SELECT id, 1, 'user_message_created', jsonb_build_object('message_id', user_message_id) FROM run
@@ -298,10 +300,13 @@ WITH f AS (
     RETURNING a.id, a.conversation_id, a.tenant_key, f.partial, f.status
 ), answer AS (
     -- Streamed text the agent never wrote to the transcript: its answer if the run
-    -- completed, a partial answer if it was cut short.
-    INSERT INTO {schema}.message (conversation_id, run_id, role, content, status)
+    -- completed, a partial answer if it was cut short. It goes in the turn of the
+    -- message the run answers, however many turns were enqueued since (#17).
+    INSERT INTO {schema}.message (conversation_id, run_id, role, content, status, turn)
     SELECT fin.conversation_id, fin.id, 'assistant', to_jsonb(fin.partial),
-           CASE WHEN fin.status = 'completed' THEN 'complete' ELSE 'partial' END
+           CASE WHEN fin.status = 'completed' THEN 'complete' ELSE 'partial' END,
+           (SELECT u.turn FROM {schema}.agent_run r JOIN {schema}.message u ON u.id = r.user_message_id
+            WHERE r.id = fin.id)
     FROM fin WHERE fin.partial IS NOT NULL
 ), ev AS (
     INSERT INTO {schema}.run_event (run_id, seq, type, payload)
