@@ -213,3 +213,63 @@ async def test_migration_puts_existing_messages_in_turn_order(
         assert await cur.fetchone() == (True,)
     finally:
         await conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema_name)))
+
+
+async def _waiting_on_lock(conn: psycopg.AsyncConnection, pid: int) -> bool:
+    cur = await conn.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,))
+    row = await cur.fetchone()
+    return row is not None and row[0] == "Lock"
+
+
+async def test_turns_start_in_the_order_their_enqueues_committed(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    """A turn enqueued in a host transaction that commits late is still the earlier turn:
+    a later enqueue of the same conversation waits for that commit, not the other way round,
+    and enqueues of other conversations do not wait at all."""
+    started: list[str] = []
+    seen: dict[str, list[tuple[str, Any, str]]] = {}
+
+    async def agent(run: runrow.RunContext) -> None:
+        started.append(run.content)
+        seen[run.content] = _shape(await run.transcript())
+        await run.write_message(f"answer to {run.content}")
+
+    later: list[runrow.Run] = []
+    async with (
+        runrow.Dispatcher(dsn, agent, schema=schema, **FAST),
+        await psycopg.AsyncConnection.connect(dsn) as host,
+        await psycopg.AsyncConnection.connect(dsn, autocommit=True) as other,
+    ):
+
+        async def send_later() -> None:
+            later.append(await _enqueue(other, schema, "c", "later"))
+
+        async with anyio.create_task_group() as tg, host.transaction():
+            early = await _enqueue(host, schema, "c", "early")  # its queue_order is drawn now
+            tg.start_soon(send_later)
+            # Either the later turn waits for the host's commit (the fix) or it
+            # commits and starts first (the defect).
+            await wait_for(
+                lambda: "later" in started or _waiting_on_lock(conn, other.info.backend_pid),
+                what="the later enqueue to wait or its turn to start",
+            )
+            # Another conversation is not held up by this host transaction.
+            with anyio.fail_after(5):
+                elsewhere = await _enqueue(dsn, schema, "elsewhere", "elsewhere")
+            await wait_for(lambda: is_terminal(conn, schema, elsewhere.id), what="elsewhere to run")
+            waited = later == []  # still waiting while the host's transaction is open
+            # The host commits here; the later enqueue then goes through.
+        (late,) = later
+        for run in (early, late):
+            await wait_for(lambda run=run: is_terminal(conn, schema, run.id), what="both turns to end")
+    assert [s for s in started if s != "elsewhere"] == ["early", "later"]
+    early_turn = [("user", "early", "sent"), ("assistant", "answer to early", "complete")]
+    assert seen["later"] == [*early_turn, ("user", "later", "sent")]
+    assert _shape(await runrow.transcript(dsn, "c", schema=schema)) == [
+        *early_turn,
+        ("user", "later", "sent"),
+        ("assistant", "answer to later", "complete"),
+    ]
+    assert waited
+    assert early.id != late.id
