@@ -11,7 +11,8 @@ import pytest
 
 import runrow
 
-from .helpers import is_terminal, wait_for
+from . import manual
+from .helpers import is_terminal, run_row, wait_for
 
 pytestmark = pytest.mark.anyio
 
@@ -221,6 +222,20 @@ async def _waiting_on_lock(conn: psycopg.AsyncConnection, pid: int) -> bool:
     return row is not None and row[0] == "Lock"
 
 
+async def _last_queue_order(conn: psycopg.AsyncConnection, schema: str) -> int:
+    cur = await conn.execute(
+        "SELECT pg_sequence_last_value(pg_get_serial_sequence(%s, 'queue_order'))",
+        (f'"{schema}".agent_run',),
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def _queue_order(conn: psycopg.AsyncConnection, schema: str, run_id: Any) -> int:
+    return int((await run_row(conn, schema, run_id))["queue_order"])
+
+
 async def test_turns_start_in_the_order_their_enqueues_committed(
     dsn: str, schema: str, conn: psycopg.AsyncConnection
 ) -> None:
@@ -254,6 +269,9 @@ async def test_turns_start_in_the_order_their_enqueues_committed(
                 lambda: "later" in started or _waiting_on_lock(conn, other.info.backend_pid),
                 what="the later enqueue to wait or its turn to start",
             )
+            # The waiting enqueue has not drawn its queue_order yet: it will draw it
+            # after the host's commit, so it queues after the host's turn.
+            assert await _last_queue_order(conn, schema) == await _queue_order(host, schema, early.id)
             # Another conversation is not held up by this host transaction.
             with anyio.fail_after(5):
                 elsewhere = await _enqueue(dsn, schema, "elsewhere", "elsewhere")
@@ -273,3 +291,52 @@ async def test_turns_start_in_the_order_their_enqueues_committed(
     ]
     assert waited
     assert early.id != late.id
+
+
+async def test_a_retry_queues_after_an_enqueue_that_committed_before_it(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    failed = await _enqueue(dsn, schema, "c", "q1")
+    (claimed,) = await manual.claim(conn, schema)
+    assert await manual.finalize(conn, schema, failed.id, claimed["claim_token"], "failed", 3)
+    retried: list[runrow.Run] = []
+    async with (
+        await psycopg.AsyncConnection.connect(dsn) as host,
+        await psycopg.AsyncConnection.connect(dsn, autocommit=True) as other,
+    ):
+
+        async def retry() -> None:
+            retried.append(await runrow.retry_run(other, failed.id, schema=schema))
+
+        async with anyio.create_task_group() as tg, host.transaction():
+            sent = await _enqueue(host, schema, "c", "q2")
+            tg.start_soon(retry)
+            await wait_for(lambda: _waiting_on_lock(conn, other.info.backend_pid), what="the retry to wait")
+            assert await _last_queue_order(conn, schema) == await _queue_order(host, schema, sent.id)
+    (again,) = retried
+    assert await _queue_order(conn, schema, again.id) > await _queue_order(conn, schema, sent.id)
+
+
+async def test_mixed_gated_and_plain_enqueues_race_without_deadlock(dsn: str, schema: str) -> None:
+    """Plain enqueues take the conversation lock only; gated ones the tenant lock, then the
+    conversation's: one order, so a crowd of both on shared tenants and conversations ends."""
+    made: list[runrow.Run] = []
+
+    async def one(i: int) -> None:
+        kw: dict[str, Any] = {}
+        if i % 4 == 1:
+            kw["max_queued_per_tenant"] = 1000
+        elif i % 4 == 2:
+            kw["max_queued_per_conversation"] = 1000
+        elif i % 4 == 3:
+            kw["on_busy"] = "interrupt"
+        async with await psycopg.AsyncConnection.connect(dsn) as c, c.transaction():
+            # Host transactions that also write elsewhere, holding their locks a moment.
+            made.append(await _enqueue(c, schema, f"c{i % 3}", f"m{i}", tenant_id="t", **kw))
+            await c.execute("SELECT pg_sleep(0.01)")
+
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            for i in range(40):
+                tg.start_soon(one, i)
+    assert len(made) == 40
