@@ -1,10 +1,20 @@
 -- Conversations: the transcript, and stopping turns.
 
 -- name: transcript
+-- In turn order (#17): a turn's messages come before the next turn's question, whenever
+-- they were written (an answer streamed while the next turn was enqueued, an
+-- interrupt's partial answer); insert order (position) orders within a turn. With
+-- %(run_id)s (a run reading its own context), only the turns up to that run's: a turn
+-- queued after it is not its to answer, and a retry reads the conversation as it was
+-- at the turn it retries.
 SELECT id, role, content, status, run_id, user_id, created_at
 FROM {schema}.message
 WHERE conversation_id = %(conversation_id)s AND status <> 'draft'
-ORDER BY position
+  AND (%(run_id)s::uuid IS NULL
+       OR turn <= (SELECT u.turn FROM {schema}.agent_run a
+                   JOIN {schema}.message u ON u.id = a.user_message_id
+                   WHERE a.id = %(run_id)s::uuid))
+ORDER BY turn, position
 
 -- name: lock_conversation_runs
 -- Stop's sweep: lock every active run of the conversation, queued and running together.

@@ -20,11 +20,12 @@ SELECT run_id,
 FROM (SELECT DISTINCT run_id FROM ins) landed
 
 -- name: write_message
--- A fenced transcript write by the claim holder.
-INSERT INTO {schema}.message (conversation_id, run_id, role, content, status)
-SELECT conversation_id, id, %(role)s, %(content)s, 'complete'
-FROM {schema}.agent_run
-WHERE id = %(run_id)s AND claim_token = %(claim_token)s AND status = 'running'
+-- A fenced transcript write by the claim holder, in the turn of the message it answers.
+INSERT INTO {schema}.message (conversation_id, run_id, role, content, status, turn)
+SELECT a.conversation_id, a.id, %(role)s, %(content)s, 'complete',
+       (SELECT u.turn FROM {schema}.message u WHERE u.id = a.user_message_id)
+FROM {schema}.agent_run a
+WHERE a.id = %(run_id)s AND a.claim_token = %(claim_token)s AND a.status = 'running'
 RETURNING id
 
 -- name: read_events

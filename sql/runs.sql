@@ -10,7 +10,18 @@
 -- enqueue writes nothing and returns the gate's counts with a NULL id. Race safety comes
 -- from the caller: it takes the advisory locks (admission_lock) in an earlier statement
 -- of the same transaction, so this statement's snapshot is taken after them.
-WITH gate AS (
+-- Commit order (#17): queue_order is drawn at insert, not at commit, so a turn enqueued
+-- in a host transaction that commits late could start after a later turn of the same
+-- conversation. The conversation's advisory lock (the one admission_lock takes) is
+-- taken here, before queue_order is drawn (run reads admitted reads gate reads serial),
+-- and held to the end of the transaction: a later enqueue of the conversation waits for
+-- the earlier one's commit or rollback and draws a larger queue_order. The cost: a host
+-- transaction holding an enqueue open delays the next enqueue of the same conversation
+-- (never another conversation's). Still one statement; it takes no tenant lock, so it
+-- never takes a lock out of admission_lock's order (tenant, then conversation).
+WITH serial AS (
+    SELECT pg_advisory_xact_lock(hashtextextended(%(conversation_lock)s::text, 0))
+), gate AS (
     SELECT
         CASE WHEN %(max_queued_tenant)s::integer IS NULL THEN NULL ELSE (
             SELECT count(*) FROM (
@@ -26,6 +37,7 @@ WITH gate AS (
             SELECT 1 FROM {schema}.agent_run b
             WHERE b.conversation_id = %(conversation_id)s AND b.status IN ('queued', 'running'))
         ELSE false END AS busy
+    FROM serial
 ), admitted AS (
     SELECT 1 FROM gate
     WHERE NOT gate.busy
@@ -44,10 +56,12 @@ WITH gate AS (
                     now() + make_interval(secs => %(deadline_in)s::float8))
     FROM admitted
     ON CONFLICT (user_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, user_message_id, conversation_id, user_id, status, created_at
+    RETURNING id, user_message_id, conversation_id, user_id, status, created_at, queue_order
 ), msg AS (
-    INSERT INTO {schema}.message (id, conversation_id, run_id, role, content, status, user_id)
-    SELECT user_message_id, conversation_id, id, 'user', %(content)s, 'sent', user_id FROM run
+    -- The message opens the run's turn: its queue_order (the transcript's order).
+    INSERT INTO {schema}.message (id, conversation_id, run_id, role, content, status, user_id, turn)
+    SELECT user_message_id, conversation_id, id, 'user', %(content)s, 'sent', user_id, queue_order
+    FROM run
 ), ev AS (
     INSERT INTO {schema}.run_event (run_id, seq, type, payload)
     SELECT id, 1, 'user_message_created', jsonb_build_object('message_id', user_message_id) FROM run
@@ -63,7 +77,8 @@ FROM gate LEFT JOIN run ON true
 -- name: admission_lock
 -- Serialises gated enqueues of one tenant and/or one conversation until the
 -- transaction ends (a NULL key takes no lock). Tenant first, then conversation: one
--- order everywhere, so two gated enqueues never deadlock.
+-- order everywhere, so two gated enqueues never deadlock. (Every enqueue and retry
+-- statement takes the conversation lock again, re-entrantly, and never a tenant lock.)
 SELECT CASE WHEN %(tenant_lock)s::text IS NULL THEN NULL
             ELSE pg_advisory_xact_lock(hashtextextended(%(tenant_lock)s::text, 0))::text END,
        CASE WHEN %(conversation_lock)s::text IS NULL THEN NULL
@@ -298,10 +313,13 @@ WITH f AS (
     RETURNING a.id, a.conversation_id, a.tenant_key, f.partial, f.status
 ), answer AS (
     -- Streamed text the agent never wrote to the transcript: its answer if the run
-    -- completed, a partial answer if it was cut short.
-    INSERT INTO {schema}.message (conversation_id, run_id, role, content, status)
+    -- completed, a partial answer if it was cut short. It goes in the turn of the
+    -- message the run answers, however many turns were enqueued since (#17).
+    INSERT INTO {schema}.message (conversation_id, run_id, role, content, status, turn)
     SELECT fin.conversation_id, fin.id, 'assistant', to_jsonb(fin.partial),
-           CASE WHEN fin.status = 'completed' THEN 'complete' ELSE 'partial' END
+           CASE WHEN fin.status = 'completed' THEN 'complete' ELSE 'partial' END,
+           (SELECT u.turn FROM {schema}.agent_run r JOIN {schema}.message u ON u.id = r.user_message_id
+            WHERE r.id = fin.id)
     FROM fin WHERE fin.partial IS NOT NULL
 ), ev AS (
     INSERT INTO {schema}.run_event (run_id, seq, type, payload)
@@ -409,8 +427,11 @@ FROM fin
 -- name: retry
 -- A new run for the same user message, linked to the failed or cancelled one. At most
 -- one retry per run (unique index on retry_of): a second call returns nothing here.
+-- Like enqueue, it takes the conversation's advisory lock before its queue_order is
+-- drawn, so the conversation's runs queue in commit order (see enqueue).
 WITH src AS (
-    SELECT id, conversation_id, user_id, tenant_id, user_message_id, request, priority
+    SELECT id, conversation_id, user_id, tenant_id, user_message_id, request, priority,
+           pg_advisory_xact_lock(hashtextextended(%(conversation_lock_prefix)s::text || conversation_id, 0))
     FROM {schema}.agent_run
     WHERE id = %(run_id)s AND status IN ('failed', 'cancelled')
 ), run AS (

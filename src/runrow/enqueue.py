@@ -70,6 +70,15 @@ async def enqueue(
     ``Run.interrupted``, the running turn asked to stop) and queues the new turn, in
     one transaction; the new turn starts once the running one has ended.
 
+    Turn order (#17): a conversation's turns start in the order their enqueues
+    committed, and the transcript follows that order (each turn's answers before the
+    next turn's question). Every enqueue takes a transaction-scoped advisory lock on
+    the conversation before its place in the queue is drawn, so an enqueue inside a
+    caller's transaction delays the next enqueue of the same conversation (never
+    another conversation's) until the caller commits or rolls back. A transaction that
+    enqueues into several conversations can deadlock with one that does so in another
+    order (PostgreSQL then aborts one of them); keep such transactions short and ordered.
+
     Load shedding: ``max_queued_per_tenant`` / ``max_queued_per_conversation`` refuse
     the enqueue with :class:`Overloaded` (nothing written, ``retry_after`` hint) when the
     tenant / conversation already has that many queued runs. A repeat of an accepted
@@ -116,6 +125,8 @@ async def enqueue(
         "max_queued_conversation": max_queued_per_conversation,
         "reject_if_busy": on_busy == "reject",
         "wake_channel": Channels.for_schema(schema).wake,
+        # Taken by every enqueue of the conversation: its turns queue in commit order.
+        "conversation_lock": _conversation_lock(schema, conversation_id),
     }
     gated = (
         on_busy != "enqueue" or max_queued_per_tenant is not None or max_queued_per_conversation is not None
@@ -133,7 +144,7 @@ async def enqueue(
                     "tenant_lock": None
                     if max_queued_per_tenant is None
                     else f"runrow.enqueue:{schema}:tenant:{tenant_id or ''}",
-                    "conversation_lock": f"runrow.enqueue:{schema}:conversation:{conversation_id}",
+                    "conversation_lock": params["conversation_lock"],
                 },
             )
         if on_busy == "interrupt":
@@ -159,6 +170,11 @@ async def enqueue(
     if found is None:  # pragma: no cover - the conflict guarantees a committed row
         raise RunrowError("idempotent enqueue conflicted but the first run is not visible")
     return Run(found[0], found[1], found[2], found[3], found[4], created=False)
+
+
+def _conversation_lock(schema: str, conversation_id: str) -> str:
+    """The key of the conversation's advisory lock (enqueue, retry and admission_lock)."""
+    return f"runrow.enqueue:{schema}:conversation:{conversation_id}"
 
 
 def _when(value: datetime | timedelta | None, field: str) -> tuple[datetime | None, float | None]:
@@ -227,12 +243,18 @@ async def retry_run(db: Database, run_id: uuid.UUID | str, *, schema: str = DEFA
 
     runrow never re-runs anything by itself (at-most-once); this is the button a person
     presses. A run is retried at most once: repeating the call returns the same retry
-    (``created=False``). Raises :class:`RunNotFound`, or :class:`InvalidInput` when the
-    run is not failed or cancelled.
+    (``created=False``). The retry queues behind the conversation's queued turns (like
+    an enqueue, in commit order), but its answer joins the turn it retries in the
+    transcript, and its agent reads the conversation up to that turn. Raises
+    :class:`RunNotFound`, or :class:`InvalidInput` when the run is not failed or cancelled.
     """
     check_schema(schema)
     rid = parse_run_id(run_id)
-    params = {"run_id": rid, "wake_channel": Channels.for_schema(schema).wake}
+    params = {
+        "run_id": rid,
+        "wake_channel": Channels.for_schema(schema).wake,
+        "conversation_lock_prefix": _conversation_lock(schema, ""),
+    }
     async with schema_guard(db, schema), atomic(db) as conn:
         cur = await execute(conn, _sql.statement("retry", schema), params)
         row = await cur.fetchone()

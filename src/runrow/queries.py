@@ -60,11 +60,18 @@ async def list_runs(
 
 
 async def transcript(db: Database, conversation_id: str, *, schema: str = DEFAULT_SCHEMA) -> list[Message]:
-    """The conversation's durable transcript, oldest first (drafts excluded)."""
+    """The conversation's durable transcript in turn order (drafts excluded).
+
+    Each turn's user message comes first, then that turn's answers, whenever they were
+    written; turns go in their queue order (for one conversation, the order their
+    enqueues committed).
+    """
     check_schema(schema)
     _json.check_id(conversation_id, "conversation_id")
     async with schema_guard(db, schema), statement_conn(db) as conn:
-        cur = await execute(conn, _sql.statement("transcript", schema), {"conversation_id": conversation_id})
+        cur = await execute(
+            conn, _sql.statement("transcript", schema), {"conversation_id": conversation_id, "run_id": None}
+        )
         return [Message(*r) for r in await cur.fetchall()]
 
 

@@ -95,12 +95,17 @@ class RunContext:
         return row[0]  # type: ignore[no-any-return]
 
     async def transcript(self) -> list[Message]:
-        """The conversation's transcript so far (drafts excluded), oldest first."""
+        """The conversation up to and including this run's turn (drafts excluded), in turn order.
+
+        Each earlier turn's question is followed by its answers, whenever they were
+        written; turns enqueued after this one are not included (they are not this
+        run's to answer). A retry reads the conversation as of the turn it retries.
+        """
         async with statement_conn(self._dispatcher.pool) as conn:
             cur = await execute(
                 conn,
                 _sql.statement("transcript", self._dispatcher.schema),
-                {"conversation_id": self.conversation_id},
+                {"conversation_id": self.conversation_id, "run_id": self.run_id},
             )
             return [Message(*r) for r in await cur.fetchall()]
 
