@@ -12,10 +12,10 @@ WITH run AS (
     SELECT %(prefix)s || '-' || (g %% %(conversations)s), 'u', %(tenant)s, gen_random_uuid(), 0
     FROM generate_series(0, %(n)s - 1) g
     ORDER BY g
-    RETURNING id, user_message_id, conversation_id
+    RETURNING id, user_message_id, conversation_id, queue_order
 ), msg AS (
-    INSERT INTO {message} (id, conversation_id, run_id, role, content, status, user_id)
-    SELECT user_message_id, conversation_id, id, 'user', '"seeded"'::jsonb, 'sent', 'u' FROM run
+    INSERT INTO {message} (id, conversation_id, run_id, role, content, status, user_id, turn)
+    SELECT user_message_id, conversation_id, id, 'user', '"seeded"'::jsonb, 'sent', 'u', queue_order FROM run
 ), ev AS (
     INSERT INTO {event} (run_id, seq, type, payload)
     SELECT id, 1, 'user_message_created', '{{}}'::jsonb FROM run

@@ -23,7 +23,7 @@ async def test_server_error_descriptions_leave_out_row_data(
     with pytest.raises(psycopg.IntegrityError) as info:
         await conn.execute(
             sql.SQL(
-                "INSERT INTO {} (conversation_id, role, content, status) VALUES (%s, 'nobody', %s, 'sent')"
+                "INSERT INTO {} (conversation_id, role, content, status, turn) VALUES (%s, 'nobody', %s, 'sent', 1)"
             ).format(table(schema, "message")),
             ("c", psycopg.types.json.Jsonb(SECRET)),
         )
