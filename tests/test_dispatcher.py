@@ -830,3 +830,28 @@ async def test_an_item_the_journal_writer_cannot_encode_fails_alone_not_its_batc
         "run_queued",
         "complete",
     ]
+
+
+async def test_a_flush_the_database_refuses_leaves_the_journal_usable(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    """Rows refused for their content (by the driver before sending, or by the server)
+    certainly did not land: the agent gets InvalidInput, the journal's numbering still
+    holds, and the run carries on and ends normally (#17). The refused row is fed past
+    emit's checks, which refuse it now."""
+    refused: list[BaseException] = []
+
+    async def agent(run: runrow.RunContext) -> None:
+        try:
+            await run._journal.flush(extra=("bad\ud800", {}))
+        except Exception as exc:
+            refused.append(exc)
+        await run.emit({"type": "after", "ok": True})
+
+    async with runrow.Dispatcher(dsn, agent, schema=schema, **SLOW_REAPER):
+        run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
+        await wait_for(lambda: is_terminal(conn, schema, run.id), timeout=8, what="the run to end")
+    assert len(refused) == 1 and isinstance(refused[0], runrow.InvalidInput), refused
+    assert await status_of(conn, schema, run.id) == "completed"
+    evs = await assert_journal_sound(conn, schema, run.id)
+    assert [t for _, t, _ in evs] == ["user_message_created", "run_queued", "after", "complete"]
