@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from datetime import timedelta
@@ -855,3 +856,61 @@ async def test_a_flush_the_database_refuses_leaves_the_journal_usable(
     assert await status_of(conn, schema, run.id) == "completed"
     evs = await assert_journal_sound(conn, schema, run.id)
     assert [t for _, t, _ in evs] == ["user_message_created", "run_queued", "after", "complete"]
+
+
+async def test_an_agent_raising_cancelled_error_itself_fails_its_run_at_once(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A CancelledError runrow did not ask for (the agent awaited a future that someone
+    else cancelled) fails the run at once with agent_cancelled, keeps the partial answer,
+    is logged, and the conversation's next turn starts without waiting for the reaper (#17)."""
+    caplog.set_level(logging.WARNING, logger="runrow")
+
+    async def agent(run: runrow.RunContext) -> None:
+        if run.content == "next":
+            return
+        await run.text("half an answer")
+        future = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().call_soon(future.cancel)  # someone else's cancellation
+        await future
+
+    async with runrow.Dispatcher(dsn, agent, schema=schema, **SLOW_REAPER) as d:
+        run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
+        nxt = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="next")
+        await wait_for(lambda: is_terminal(conn, schema, nxt.id), timeout=8, what="both turns to end")
+        assert d.stats["failed"] == 1 and d.stats["completed"] == 1
+    row = await run_row(conn, schema, run.id)
+    assert row["status"] == "failed" and row["error"]["type"] == "agent_cancelled", row["error"]
+    evs = await assert_journal_sound(conn, schema, run.id)
+    assert evs[-1][2]["error"]["type"] == "agent_cancelled" and "reason" not in evs[-1][2]
+    assert await status_of(conn, schema, nxt.id) == "completed"
+    msgs = await runrow.transcript(dsn, "c", schema=schema)
+    assert [(m.content, m.status) for m in msgs if m.role == "assistant"] == [("half an answer", "partial")]
+    assert any(
+        f"run {run.id}" in r.getMessage() and "CancelledError" in r.getMessage() for r in caplog.records
+    )
+
+
+async def test_runrow_s_own_cancellations_still_end_as_before(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    """The other side of the line: a stop still ends the run cancelled, a deadline
+    still ends it deadline_exceeded, even when the agent re-raises the CancelledError."""
+
+    async def agent(run: runrow.RunContext) -> None:
+        try:
+            await anyio.sleep_forever()
+        except asyncio.CancelledError:
+            raise
+
+    async with runrow.Dispatcher(dsn, agent, schema=schema, **SLOW_REAPER) as d:
+        stopped = await runrow.enqueue(dsn, schema=schema, conversation_id="s", user_id="u", content="x")
+        late = await runrow.enqueue(
+            dsn, schema=schema, conversation_id="d", user_id="u", content="x", deadline=timedelta(seconds=0.5)
+        )
+        await wait_for(lambda: stopped.id in d.in_flight, what="running")
+        await runrow.cancel_run(dsn, stopped.id, schema=schema)
+        await wait_for(lambda: _all_terminal(conn, schema, [stopped, late]), timeout=8, what="both to end")
+    assert await status_of(conn, schema, stopped.id) == "cancelled"
+    row = await run_row(conn, schema, late.id)
+    assert row["status"] == "failed" and row["error"]["type"] == "deadline_exceeded"
