@@ -686,6 +686,23 @@ class Dispatcher:
                 except Exception as exc:
                     status = "failed"
                     error = _failure(exc)
+                except asyncio.CancelledError as exc:
+                    # Only runrow's own cancellations (a stop, a drain, a lost claim, the
+                    # deadline: all through this run's scope) or the task's (shutdown)
+                    # end a run as cancelled. Any other CancelledError is the agent's own
+                    # (it awaited a future someone else cancelled): a failure like any
+                    # other, or the run would sit "running" until the reaper.
+                    if active.scope.cancel_called or _task_cancelling():
+                        raise
+                    status = "failed"
+                    error = _agent_cancelled(exc)
+                    log.warning(
+                        "run %s: the agent raised CancelledError that runrow did not ask for; "
+                        "failing the run (%s)",
+                        run_id,
+                        error["message"],
+                        extra=extra,
+                    )
         finally:
             journal.start_flusher = None
             if helpers:
@@ -1138,6 +1155,22 @@ def _failure(exc: BaseException) -> dict[str, str]:
         message = f"<{type(exc).__name__} with an unprintable message>"
     message = message.replace("\x00", "\ufffd").encode("utf-8", "replace").decode("utf-8")
     return {"type": type(exc).__name__, "message": message}
+
+
+def _task_cancelling() -> bool:
+    """Whether this task itself is being cancelled (``Task.cancel()``, e.g. at shutdown)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+def _agent_cancelled(exc: BaseException) -> dict[str, str]:
+    """The error recorded for an agent that raised a CancelledError runrow did not ask for."""
+    detail = _failure(exc)["message"]
+    return {
+        "type": "agent_cancelled",
+        "message": "the agent raised CancelledError without the run being cancelled "
+        "(did it await something another task cancelled?)" + (f": {detail}" if detail else ""),
+    }
 
 
 def _batch_json(rows: Iterable[dict[str, Any]]) -> str:
