@@ -563,6 +563,7 @@ class Dispatcher:
                     await anyio.sleep(backoff)
                     backoff = min(backoff * 2, self.poll)
                     continue
+                self._register(rows)
                 for _ in range(want - len(rows)):
                     self._slots.release()
                 for row in rows:
@@ -587,12 +588,16 @@ class Dispatcher:
         if self.observers and rows:
             took = _aio.now() - t0
             self._observe(lambda o: o.claimed(count=len(rows), seconds=took))
+        return rows
+
+    def _register(self, rows: list[dict[str, Any]]) -> None:
+        """Makes the claimed runs this process's (called right after the claim, with no
+        await in between: nothing can run between the claim's answer and this)."""
         if rows and self._idle.is_set():
             self._idle = anyio.Event()
         deadline = _aio.now() + self.lease
         for row in rows:
             self._active[row["id"]] = _Active(row["id"], row["claim_token"], deadline)
-        return rows
 
     async def _forward_wakes(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         assert self._hub is not None
