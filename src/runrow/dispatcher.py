@@ -306,6 +306,9 @@ class Dispatcher:
         self._stopping = False
         self._report: DrainReport | None = None
         self._unrecorded: set[uuid.UUID] = set()  # runs whose ending we could not write
+        # Cancel hints for run ids not (yet) ours, by arrival time: a stop that commits
+        # between a claim and the registration of its runs must not be lost.
+        self._unknown_cancels: dict[uuid.UUID, float] = {}
         self._last_pool_check = -1e9
         self._beat_lag = 0.0
         self._appender: GroupCommit[AppendItem, bool] = GroupCommit(self._append_batch)
@@ -597,7 +600,13 @@ class Dispatcher:
             self._idle = anyio.Event()
         deadline = _aio.now() + self.lease
         for row in rows:
-            self._active[row["id"]] = _Active(row["id"], row["claim_token"], deadline)
+            active = self._active[row["id"]] = _Active(row["id"], row["claim_token"], deadline)
+            if row["cancel_requested"]:
+                self._cancel(active, "cancel")  # stopped already: the agent is never called
+            elif self._unknown_cancels.pop(active.id, None) is not None and self._tg is not None:
+                # A cancel hint came before we knew the run (a stop committed right after
+                # the claim): check the row now, as the watcher would have.
+                self._tg.start_soon(self._check_cancel, active)
 
     async def _forward_wakes(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         assert self._hub is not None
@@ -654,6 +663,7 @@ class Dispatcher:
             retry_budget=self.lease / 2,
         )
         ctx = RunContext(self, row, journal)
+        ctx.cancel_requested = active.reason == "cancel"  # stopped between claim and here
         active.journal, active.ctx = journal, ctx
         extra = {"run_id": str(run_id), "conversation_id": ctx.conversation_id, "worker_id": self.worker_id}
         log.info("run %s started", run_id, extra=extra)
@@ -683,7 +693,7 @@ class Dispatcher:
         try:
             with active.scope, self._observer_scopes(ctx):
                 try:
-                    if active.reason is None:  # not already past its deadline
+                    if active.reason is None:  # not already stopped or past its deadline
                         await self.agent(ctx)
                         status = "completed"
                 except LeaseLost:
@@ -1047,24 +1057,44 @@ class Dispatcher:
                 except ValueError:
                     continue  # RECONNECTED or noise: the heartbeat re-reads every flag
                 active = self._active.get(run_id)
-                if active is None or active.finishing:
+                if active is None:
+                    self._remember_cancel(run_id)
                     continue
-                try:
-                    async with statement_conn(self.pool) as conn:
-                        cur = await conn.execute(
-                            self._queries["cancel_flag"], {"run_id": run_id, "claim_token": active.token}
-                        )
-                        row = await cur.fetchone()
-                except psycopg.Error as exc:
-                    log.warning(
-                        "cancel check for run %s failed: %s",
-                        run_id,
-                        describe(exc),
-                        extra={"run_id": str(run_id), "worker_id": self.worker_id},
-                    )
-                    continue
-                if row is not None and row[0]:
-                    self._cancel(active, "cancel")
+                if not active.finishing:
+                    await self._check_cancel(active)
+
+    def _remember_cancel(self, run_id: uuid.UUID) -> None:
+        """Keeps a cancel hint for a run this process may be about to register (most are
+        other workers' runs): for as long as a claim may take, and at most 1024 of them."""
+        now = _aio.now()
+        hints = self._unknown_cancels
+        hints.pop(run_id, None)
+        hints[run_id] = now  # (insertion order is arrival order)
+        horizon = now - self.lease
+        while hints:
+            oldest = next(iter(hints))
+            if hints[oldest] >= horizon and len(hints) <= 1024:
+                break
+            del hints[oldest]
+
+    async def _check_cancel(self, active: _Active) -> None:
+        """Reads the run's durable cancel flag (the NOTIFY is only a hint) and cancels it."""
+        try:
+            async with statement_conn(self.pool) as conn:
+                cur = await conn.execute(
+                    self._queries["cancel_flag"], {"run_id": active.id, "claim_token": active.token}
+                )
+                row = await cur.fetchone()
+        except psycopg.Error as exc:
+            log.warning(
+                "cancel check for run %s failed: %s",
+                active.id,
+                describe(exc),
+                extra={"run_id": str(active.id), "worker_id": self.worker_id},
+            )
+            return
+        if row is not None and row[0] and not active.finishing:
+            self._cancel(active, "cancel")
 
     # -- heartbeat and lease watchdog -------------------------------------------------
 
