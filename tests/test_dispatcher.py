@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from datetime import timedelta
@@ -753,3 +754,163 @@ async def test_stop_works_in_any_order_and_inside_the_hosts_own_scopes(
         await anyio.sleep(0.3)  # neither stopped dispatcher may claim it
     assert await status_of(conn, schema, run.id) == "completed"
     assert await status_of(conn, schema, late.id) == "queued"
+
+
+# A lease long enough that the reaper cannot be what ends a run within a test's wait.
+SLOW_REAPER = {**FAST, "lease": 30.0, "heartbeat": 10.0, "grace": 30.0}
+
+
+@pytest.mark.parametrize("bad_type", ["bad\ud800", "x\x00"], ids=["lone-surrogate", "nul"])
+async def test_a_bad_event_type_fails_its_own_run_at_once(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection, bad_type: str
+) -> None:
+    """An event type that is not an identifier is refused at emit (InvalidInput); an
+    agent that lets the error escape fails its run at once, not through the reaper (#17)."""
+
+    async def agent(run: runrow.RunContext) -> None:
+        await run.text("so far")
+        await run.emit({"type": bad_type})
+
+    async with runrow.Dispatcher(dsn, agent, schema=schema, **SLOW_REAPER):
+        run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
+        await wait_for(lambda: is_terminal(conn, schema, run.id), timeout=8, what="the run to fail")
+    row = await run_row(conn, schema, run.id)
+    assert row["status"] == "failed"
+    assert row["error"]["type"] == "InvalidInput" and "type" in row["error"]["message"], row["error"]
+    evs = await assert_journal_sound(conn, schema, run.id)
+    assert evs[-1][2]["status"] == "failed" and "reason" not in evs[-1][2]  # its worker's ending
+    msgs = await runrow.transcript(dsn, "c", schema=schema)
+    assert [(m.content, m.status) for m in msgs if m.role == "assistant"] == [("so far", "partial")]
+
+
+async def test_an_item_the_journal_writer_cannot_encode_fails_alone_not_its_batch(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    """Two tenants' runs share a group-commit batch of the journal writer; one item
+    cannot be encoded (fed to the writer directly: emit refuses it now). Only that item
+    fails; the other tenant's rows land and both runs end normally (#17)."""
+    gate = anyio.Event()
+
+    async def agent(run: runrow.RunContext) -> None:
+        await gate.wait()
+
+    async with runrow.Dispatcher(dsn, agent, schema=schema, **SLOW_REAPER) as d:
+        a = await runrow.enqueue(
+            dsn, schema=schema, conversation_id="ca", user_id="u", content=1, tenant_id="A"
+        )
+        b = await runrow.enqueue(
+            dsn, schema=schema, conversation_id="cb", user_id="u", content=2, tenant_id="B"
+        )
+        await wait_for(lambda: {a.id, b.id} <= set(d.in_flight), what="both runs in flight")
+        ja, jb = d._active[a.id].journal, d._active[b.id].journal
+        assert ja is not None and jb is not None
+        answers: dict[str, tuple[object, BaseException | None]] = {}
+        batches = d._appender.batches
+        # Handed over with no await in between: the writer takes them as one batch.
+        d._appender.hand_over(
+            (a.id, ja.claim_token, [(ja.next_seq, "bad\ud800", "{}")]),
+            lambda r, e: answers.__setitem__("a", (r, e)),
+        )
+        d._appender.hand_over(
+            (b.id, jb.claim_token, [(jb.next_seq, "fine", '{"v":1}')]),
+            lambda r, e: answers.__setitem__("b", (r, e)),
+        )
+        await wait_for(lambda: len(answers) == 2, what="both items answered")
+        assert d._appender.batches == batches + 1  # they did share one batch
+        assert answers["b"] == (True, None), answers
+        assert answers["a"][0] is None and isinstance(answers["a"][1], UnicodeEncodeError), answers
+        jb.next_seq += 1  # the row fed directly is B's now
+        gate.set()
+        await wait_for(lambda: _all_terminal(conn, schema, [a, b]), timeout=8, what="both runs to end")
+    for r in (a, b):
+        assert await status_of(conn, schema, r.id) == "completed"
+    evs_b = await assert_journal_sound(conn, schema, b.id)
+    assert (evs_b[2][1], evs_b[2][2]) == ("fine", {"v": 1})
+    assert [t for _, t, _ in await assert_journal_sound(conn, schema, a.id)] == [
+        "user_message_created",
+        "run_queued",
+        "complete",
+    ]
+
+
+async def test_a_flush_the_database_refuses_leaves_the_journal_usable(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    """Rows refused for their content (by the driver before sending, or by the server)
+    certainly did not land: the agent gets InvalidInput, the journal's numbering still
+    holds, and the run carries on and ends normally (#17). The refused row is fed past
+    emit's checks, which refuse it now."""
+    refused: list[BaseException] = []
+
+    async def agent(run: runrow.RunContext) -> None:
+        try:
+            await run._journal.flush(extra=("bad\ud800", {}))
+        except Exception as exc:
+            refused.append(exc)
+        await run.emit({"type": "after", "ok": True})
+
+    async with runrow.Dispatcher(dsn, agent, schema=schema, **SLOW_REAPER):
+        run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
+        await wait_for(lambda: is_terminal(conn, schema, run.id), timeout=8, what="the run to end")
+    assert len(refused) == 1 and isinstance(refused[0], runrow.InvalidInput), refused
+    assert await status_of(conn, schema, run.id) == "completed"
+    evs = await assert_journal_sound(conn, schema, run.id)
+    assert [t for _, t, _ in evs] == ["user_message_created", "run_queued", "after", "complete"]
+
+
+async def test_an_agent_raising_cancelled_error_itself_fails_its_run_at_once(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A CancelledError runrow did not ask for (the agent awaited a future that someone
+    else cancelled) fails the run at once with agent_cancelled, keeps the partial answer,
+    is logged, and the conversation's next turn starts without waiting for the reaper (#17)."""
+    caplog.set_level(logging.WARNING, logger="runrow")
+
+    async def agent(run: runrow.RunContext) -> None:
+        if run.content == "next":
+            return
+        await run.text("half an answer")
+        future = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().call_soon(future.cancel)  # someone else's cancellation
+        await future
+
+    async with runrow.Dispatcher(dsn, agent, schema=schema, **SLOW_REAPER) as d:
+        run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
+        nxt = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="next")
+        await wait_for(lambda: is_terminal(conn, schema, nxt.id), timeout=8, what="both turns to end")
+        assert d.stats["failed"] == 1 and d.stats["completed"] == 1
+    row = await run_row(conn, schema, run.id)
+    assert row["status"] == "failed" and row["error"]["type"] == "agent_cancelled", row["error"]
+    evs = await assert_journal_sound(conn, schema, run.id)
+    assert evs[-1][2]["error"]["type"] == "agent_cancelled" and "reason" not in evs[-1][2]
+    assert await status_of(conn, schema, nxt.id) == "completed"
+    msgs = await runrow.transcript(dsn, "c", schema=schema)
+    assert [(m.content, m.status) for m in msgs if m.role == "assistant"] == [("half an answer", "partial")]
+    assert any(
+        f"run {run.id}" in r.getMessage() and "CancelledError" in r.getMessage() for r in caplog.records
+    )
+
+
+async def test_runrow_s_own_cancellations_still_end_as_before(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    """The other side of the line: a stop still ends the run cancelled, a deadline
+    still ends it deadline_exceeded, even when the agent re-raises the CancelledError."""
+
+    async def agent(run: runrow.RunContext) -> None:
+        try:
+            await anyio.sleep_forever()
+        except asyncio.CancelledError:
+            raise
+
+    async with runrow.Dispatcher(dsn, agent, schema=schema, **SLOW_REAPER) as d:
+        stopped = await runrow.enqueue(dsn, schema=schema, conversation_id="s", user_id="u", content="x")
+        late = await runrow.enqueue(
+            dsn, schema=schema, conversation_id="d", user_id="u", content="x", deadline=timedelta(seconds=0.5)
+        )
+        await wait_for(lambda: stopped.id in d.in_flight, what="running")
+        await runrow.cancel_run(dsn, stopped.id, schema=schema)
+        await wait_for(lambda: _all_terminal(conn, schema, [stopped, late]), timeout=8, what="both to end")
+    assert await status_of(conn, schema, stopped.id) == "cancelled"
+    row = await run_row(conn, schema, late.id)
+    assert row["status"] == "failed" and row["error"]["type"] == "deadline_exceeded"

@@ -125,3 +125,31 @@ async def test_a_batch_failing_for_the_server_s_reasons_is_not_split(dsn: str) -
             tg.cancel_scope.cancel()
     assert batches == [["a", "b", "c"]]
     assert all(r is None and isinstance(e, psycopg.errors.QueryCanceled) for r, e in answers.values())
+
+
+async def test_an_item_that_cannot_be_encoded_fails_alone(dsn: str) -> None:
+    """An item whose parameters cannot even be encoded (a lone surrogate: the driver
+    refuses it before sending) fails alone; the items batched with it land (#17)."""
+    batches: list[list[str]] = []
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+
+        async def write(items: list[str]) -> list[str]:
+            batches.append(list(items))
+            cur = await conn.execute(
+                "SELECT x FROM unnest(%s::text[]) WITH ORDINALITY AS u(x, i) ORDER BY i", (items,)
+            )
+            return [str(r[0]) for r in await cur.fetchall()]
+
+        gc: GroupCommit[str, str] = GroupCommit(write)
+        answers: dict[str, tuple[str | None, BaseException | None]] = {}
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(gc.run)
+            for item in ("a", "bad\ud800", "c"):  # queued together: one batch
+                gc.hand_over(item, lambda r, e, item=item: answers.__setitem__(item, (r, e)))
+            with anyio.fail_after(10):
+                while len(answers) < 3:
+                    await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+    assert batches[0] == ["a", "bad\ud800", "c"]
+    assert answers["a"] == ("a", None) and answers["c"] == ("c", None)
+    assert answers["bad\ud800"][0] is None and isinstance(answers["bad\ud800"][1], UnicodeEncodeError)

@@ -279,3 +279,24 @@ def test_deltas_are_checked_without_serialising_the_whole_event() -> None:
     ):
         with pytest.raises(runrow.InvalidInput):
             validate_event(bad, 10)
+
+
+def test_event_types_are_short_identifiers() -> None:
+    """A type is an ASCII identifier of at most 64 characters (#17): a lone surrogate,
+    a NUL, a newline or an endless type is refused at emit, before it reaches a batch."""
+    from runrow.journal import MAX_EVENT_TYPE_LENGTH, validate_event
+
+    for good in ("tool_call_started", "http.response.start", "ns:step-2", "x", "T" * MAX_EVENT_TYPE_LENGTH):
+        assert validate_event({"type": good, "v": 1}, 100) == (good, {"v": 1})
+    for bad in (
+        "bad\ud800",  # a lone surrogate: cannot be encoded at all
+        "x\x00",  # NUL: jsonb and text reject it
+        "two\nlines",  # would break an SSE "event:" line
+        "has space",
+        "1starts_with_a_digit",
+        "_leading_underscore",
+        "é",
+        "T" * (MAX_EVENT_TYPE_LENGTH + 1),
+    ):
+        with pytest.raises(runrow.InvalidInput, match="type"):
+            validate_event({"type": bad}, 100)

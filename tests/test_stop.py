@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import anyio
 import psycopg
@@ -11,12 +13,15 @@ import pytest
 from psycopg import sql
 
 import runrow
+from runrow.hub import RECONNECTED
 
 from . import manual
 from .helpers import assert_journal_sound, events, is_terminal, run_row, status_of, table, wait_for
 
 pytestmark = pytest.mark.anyio
 FAST = {"poll": 0.5, "heartbeat": 0.2, "lease": 2.0, "grace": 1.0, "reap_interval": 0.2}
+# A heartbeat too slow to be what delivers a stop within a test's wait.
+SLOW_HEARTBEAT = {**FAST, "lease": 30.0, "heartbeat": 10.0, "grace": 30.0}
 
 
 async def test_stop_cancels_queued_turns_returns_drafts_and_stops_the_running_one(
@@ -251,6 +256,100 @@ async def test_a_stop_that_lands_during_a_drain_still_ends_the_run_cancelled(
                 )
             finally:
                 gate.set()
+    assert await status_of(conn, schema, run.id) == "cancelled"
+    evs = await assert_journal_sound(conn, schema, run.id)
+    assert evs[-1][2] == {"status": "cancelled", "reason": "stopped"}
+
+
+class _StopRightAfterTheClaim(runrow.Dispatcher):
+    """A real dispatcher whose claim, once it has committed and before the claimed runs
+    are registered, lets the test commit a real stop and wait until the stop's NOTIFY
+    has been handled by the dispatcher's cancel watcher: the race, made deterministic."""
+
+    race: Callable[[list[dict[str, Any]]], Awaitable[None]] | None = None
+
+    async def _claim(self, limit: int) -> list[dict[str, Any]]:
+        rows = await super()._claim(limit)
+        if rows and self.race is not None:
+            race, self.race = self.race, None
+            await race(rows)
+        return rows
+
+
+async def test_a_stop_committed_between_claim_and_registration_is_not_lost(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    """The stop's NOTIFY reaches the worker before it has registered the run it just
+    claimed; the stop must still reach the agent at once, not at the next heartbeat (#17)."""
+    started = anyio.Event()
+    cancelled_at: list[float] = []
+
+    async def agent(run: runrow.RunContext) -> None:
+        started.set()
+        try:
+            await anyio.sleep_forever()
+        finally:
+            cancelled_at.append(anyio.current_time())
+
+    d = _StopRightAfterTheClaim(dsn, agent, schema=schema, **SLOW_HEARTBEAT)
+    async with d:
+        hub = d.hub
+        assert hub is not None
+        channel = d.channels.cancel
+        async with hub.subscribe(channel) as mine:
+            await wait_for(lambda: hub.connected, what="the hub")
+            assert await mine.receive() == RECONNECTED
+
+            async def race(rows: list[dict[str, Any]]) -> None:
+                run_id = rows[0]["id"]
+                assert run_id not in d.in_flight  # claimed, committed, not yet registered
+                result = await runrow.cancel_run(dsn, run_id, schema=schema)
+                assert result.cancel_requested == [run_id]
+                with anyio.fail_after(5):
+                    while await mine.receive() != str(run_id):
+                        pass
+                # The same hint went to the watcher; wait until it has handled it (its
+                # buffer is empty and it waits for the next one).
+                (watcher,) = [s for s in hub._subs[channel] if s is not mine]
+                await wait_for(
+                    lambda: (
+                        watcher._receive.statistics().current_buffer_used == 0
+                        and watcher._receive.statistics().tasks_waiting_receive == 1
+                    ),
+                    what="the watcher to handle the stop's NOTIFY",
+                )
+
+            d.race = race
+            run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
+            asked = anyio.current_time()
+            await wait_for(lambda: is_terminal(conn, schema, run.id), timeout=5, what="the stop to end it")
+    assert d.race is None  # the race did run
+    assert await status_of(conn, schema, run.id) == "cancelled"
+    assert not started.is_set() or cancelled_at[0] - asked < 5
+    evs = await assert_journal_sound(conn, schema, run.id)
+    assert evs[-1][2] == {"status": "cancelled", "reason": "stopped"}
+
+
+async def test_a_run_claimed_with_its_cancel_flag_set_is_cancelled_without_running(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    """The claim returns cancel_requested; a run claimed with it already true ends
+    cancelled at once, and its agent is never called (#17)."""
+    ran: list[uuid.UUID] = []
+
+    async def agent(run: runrow.RunContext) -> None:
+        ran.append(run.run_id)
+        await anyio.sleep_forever()
+
+    run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
+    await conn.execute(
+        sql.SQL("UPDATE {} SET cancel_requested = true WHERE id = %s").format(table(schema, "agent_run")),
+        (run.id,),
+    )
+    async with runrow.Dispatcher(dsn, agent, schema=schema, **SLOW_HEARTBEAT) as d:
+        await wait_for(lambda: is_terminal(conn, schema, run.id), timeout=5, what="the run to be cancelled")
+        assert d.stats["claimed"] == 1
+    assert ran == []
     assert await status_of(conn, schema, run.id) == "cancelled"
     evs = await assert_journal_sound(conn, schema, run.id)
     assert evs[-1][2] == {"status": "cancelled", "reason": "stopped"}

@@ -2,9 +2,10 @@
 
 A lone write goes out at once (no waiting to fill a batch); writes that arrive while a
 statement is in flight ride the next one. So one run sees one round trip, and many
-runs cost one statement per round trip instead of one each. A batch the server refuses
-for what may be one item's fault (a conflict, a value it cannot take, a batch too large)
-is retried item by item, so one run's write cannot fail another's.
+runs cost one statement per round trip instead of one each. A batch refused for what
+may be one item's fault (a conflict, a value the server cannot take or the driver
+cannot encode, a batch too large) is retried item by item, so one run's write cannot
+fail another's.
 
 A writer either waits for its item's result (:meth:`GroupCommit.submit`) or hands it
 over with a callback the writer calls when the batch ends (:meth:`GroupCommit.hand_over`):
@@ -31,8 +32,14 @@ log = logging.getLogger("runrow.groupcommit")
 
 
 # Refusals that can be one item's doing: a constraint it breaks, a value the server
-# cannot take, a batch too large for one statement.
-_ONE_ITEMS_FAULT = (psycopg.IntegrityError, psycopg.DataError, psycopg.errors.ProgramLimitExceeded)
+# cannot take, a batch too large for one statement, or a parameter the driver cannot
+# encode before sending (a lone surrogate raises UnicodeEncodeError, not a psycopg error).
+_ONE_ITEMS_FAULT = (
+    psycopg.IntegrityError,
+    psycopg.DataError,
+    psycopg.errors.ProgramLimitExceeded,
+    UnicodeError,
+)
 
 
 class WriterStopped(Exception):

@@ -306,6 +306,9 @@ class Dispatcher:
         self._stopping = False
         self._report: DrainReport | None = None
         self._unrecorded: set[uuid.UUID] = set()  # runs whose ending we could not write
+        # Cancel hints for run ids not (yet) ours, by arrival time: a stop that commits
+        # between a claim and the registration of its runs must not be lost.
+        self._unknown_cancels: dict[uuid.UUID, float] = {}
         self._last_pool_check = -1e9
         self._beat_lag = 0.0
         self._appender: GroupCommit[AppendItem, bool] = GroupCommit(self._append_batch)
@@ -566,6 +569,7 @@ class Dispatcher:
                     await anyio.sleep(backoff)
                     backoff = min(backoff * 2, self.poll)
                     continue
+                self._register(rows)
                 for _ in range(want - len(rows)):
                     self._slots.release()
                 for row in rows:
@@ -592,12 +596,22 @@ class Dispatcher:
         if self.observers and rows:
             took = _aio.now() - t0
             self._observe(lambda o: o.claimed(count=len(rows), seconds=took))
+        return rows
+
+    def _register(self, rows: list[dict[str, Any]]) -> None:
+        """Makes the claimed runs this process's (called right after the claim, with no
+        await in between: nothing can run between the claim's answer and this)."""
         if rows and self._idle.is_set():
             self._idle = anyio.Event()
         deadline = _aio.now() + self.lease
         for row in rows:
-            self._active[row["id"]] = _Active(row["id"], row["claim_token"], deadline)
-        return rows
+            active = self._active[row["id"]] = _Active(row["id"], row["claim_token"], deadline)
+            if row["cancel_requested"]:
+                self._cancel(active, "cancel")  # stopped already: the agent is never called
+            elif self._unknown_cancels.pop(active.id, None) is not None and self._tg is not None:
+                # A cancel hint came before we knew the run (a stop committed right after
+                # the claim): check the row now, as the watcher would have.
+                self._tg.start_soon(self._check_cancel, active)
 
     async def _forward_wakes(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         assert self._hub is not None
@@ -654,6 +668,7 @@ class Dispatcher:
             retry_budget=self.lease / 2,
         )
         ctx = RunContext(self, row, journal)
+        ctx.cancel_requested = active.reason == "cancel"  # stopped between claim and here
         active.journal, active.ctx = journal, ctx
         extra = {"run_id": str(run_id), "conversation_id": ctx.conversation_id, "worker_id": self.worker_id}
         log.info("run %s started", run_id, extra=extra)
@@ -683,7 +698,7 @@ class Dispatcher:
         try:
             with active.scope, self._observer_scopes(ctx):
                 try:
-                    if active.reason is None:  # not already past its deadline
+                    if active.reason is None:  # not already stopped or past its deadline
                         await self.agent(ctx)
                         status = "completed"
                 except LeaseLost:
@@ -691,6 +706,23 @@ class Dispatcher:
                 except Exception as exc:
                     status = "failed"
                     error = _failure(exc)
+                except asyncio.CancelledError as exc:
+                    # Only runrow's own cancellations (a stop, a drain, a lost claim, the
+                    # deadline: all through this run's scope) or the task's (shutdown)
+                    # end a run as cancelled. Any other CancelledError is the agent's own
+                    # (it awaited a future someone else cancelled): a failure like any
+                    # other, or the run would sit "running" until the reaper.
+                    if active.scope.cancel_called or _task_cancelling():
+                        raise
+                    status = "failed"
+                    error = _agent_cancelled(exc)
+                    log.warning(
+                        "run %s: the agent raised CancelledError that runrow did not ask for; "
+                        "failing the run (%s)",
+                        run_id,
+                        error["message"],
+                        extra=extra,
+                    )
         finally:
             journal.start_flusher = None
             if helpers:
@@ -1033,26 +1065,44 @@ class Dispatcher:
                 except ValueError:
                     continue  # RECONNECTED or noise: the heartbeat re-reads every flag
                 active = self._active.get(run_id)
-                if active is None or active.finishing:
+                if active is None:
+                    self._remember_cancel(run_id)
                     continue
-                try:
-                    async with statement_conn(self.pool) as conn:
-                        cur = await execute(
-                            conn,
-                            self._queries["cancel_flag"],
-                            {"run_id": run_id, "claim_token": active.token},
-                        )
-                        row = await cur.fetchone()
-                except psycopg.Error as exc:
-                    log.warning(
-                        "cancel check for run %s failed: %s",
-                        run_id,
-                        describe(exc),
-                        extra={"run_id": str(run_id), "worker_id": self.worker_id},
-                    )
-                    continue
-                if row is not None and row[0]:
-                    self._cancel(active, "cancel")
+                if not active.finishing:
+                    await self._check_cancel(active)
+
+    def _remember_cancel(self, run_id: uuid.UUID) -> None:
+        """Keeps a cancel hint for a run this process may be about to register (most are
+        other workers' runs): for as long as a claim may take, and at most 1024 of them."""
+        now = _aio.now()
+        hints = self._unknown_cancels
+        hints.pop(run_id, None)
+        hints[run_id] = now  # (insertion order is arrival order)
+        horizon = now - self.lease
+        while hints:
+            oldest = next(iter(hints))
+            if hints[oldest] >= horizon and len(hints) <= 1024:
+                break
+            del hints[oldest]
+
+    async def _check_cancel(self, active: _Active) -> None:
+        """Reads the run's durable cancel flag (the NOTIFY is only a hint) and cancels it."""
+        try:
+            async with statement_conn(self.pool) as conn:
+                cur = await execute(
+                    conn, self._queries["cancel_flag"], {"run_id": active.id, "claim_token": active.token}
+                )
+                row = await cur.fetchone()
+        except psycopg.Error as exc:
+            log.warning(
+                "cancel check for run %s failed: %s",
+                active.id,
+                describe(exc),
+                extra={"run_id": str(active.id), "worker_id": self.worker_id},
+            )
+            return
+        if row is not None and row[0] and not active.finishing:
+            self._cancel(active, "cancel")
 
     # -- heartbeat and lease watchdog -------------------------------------------------
 
@@ -1149,6 +1199,22 @@ def _failure(exc: BaseException) -> dict[str, str]:
         message = f"<{type(exc).__name__} with an unprintable message>"
     message = message.replace("\x00", "\ufffd").encode("utf-8", "replace").decode("utf-8")
     return {"type": type(exc).__name__, "message": message}
+
+
+def _task_cancelling() -> bool:
+    """Whether this task itself is being cancelled (``Task.cancel()``, e.g. at shutdown)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+def _agent_cancelled(exc: BaseException) -> dict[str, str]:
+    """The error recorded for an agent that raised a CancelledError runrow did not ask for."""
+    detail = _failure(exc)["message"]
+    return {
+        "type": "agent_cancelled",
+        "message": "the agent raised CancelledError without the run being cancelled "
+        "(did it await something another task cancelled?)" + (f": {detail}" if detail else ""),
+    }
 
 
 def _batch_json(rows: Iterable[dict[str, Any]]) -> str:

@@ -1,6 +1,8 @@
 """The journal: a per-run event log written behind a fence and read from a cursor.
 
-Event vocabulary (``type`` plus payload keys):
+Event vocabulary (``type`` plus payload keys). A type is an identifier: an ASCII
+letter, then ASCII letters, digits, ``_``, ``.``, ``:`` or ``-``, at most 64 characters
+(``emit`` raises :class:`InvalidInput` for any other).
 
 * ``user_message_created`` ``{"message_id"}`` — seq 1, written by enqueue.
 * ``run_queued`` ``{"run_id"}`` (``retry_of`` for a retry) — seq 2, written by enqueue.
@@ -34,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
@@ -64,6 +67,11 @@ CONTENT_DELTA = "content_delta"
 TERMINAL_EVENT = "complete"
 KEEPALIVE = "keepalive"
 DEFAULT_MAX_EVENT_BYTES = 256 * 1024
+MAX_EVENT_TYPE_LENGTH = 64
+# An event type is an identifier: an ASCII letter, then ASCII letters, digits, "_", ".",
+# ":" or "-". Types travel in batches, SSE "event:" lines and logs: no NUL, no lone
+# surrogate, no newline can reach any of them.
+_EVENT_TYPE = re.compile(r"[A-Za-z][A-Za-z0-9_.:-]*")
 
 # (run_id, claim_token, [(seq, type, payload_json), ...])
 AppendItem = tuple[uuid.UUID, uuid.UUID, list[tuple[int, str, str]]]
@@ -100,6 +108,12 @@ def validate_event(event: Mapping[str, Any], max_bytes: int) -> tuple[str, dict[
     etype = event.get("type")
     if not isinstance(etype, str) or not etype:
         raise InvalidInput("event", "needs a non-empty string 'type'")
+    if len(etype) > MAX_EVENT_TYPE_LENGTH or not _EVENT_TYPE.fullmatch(etype):
+        raise InvalidInput(
+            "event",
+            f"type {etype[:MAX_EVENT_TYPE_LENGTH]!r} must be an identifier: an ASCII letter, then "
+            f"ASCII letters, digits, '_', '.', ':' or '-', at most {MAX_EVENT_TYPE_LENGTH} characters",
+        )
     if etype in (TERMINAL_EVENT, KEEPALIVE):
         raise InvalidInput("event", f"type {etype!r} is reserved for runrow")
     payload = {k: v for k, v in event.items() if k != "type"}
@@ -123,6 +137,9 @@ def validate_event(event: Mapping[str, Any], max_bytes: int) -> tuple[str, dict[
     _json.dumps(payload, "event", max_bytes)  # serialisable, NUL-free, bounded
     return etype, payload
 
+
+# Failures of a flush that mean "these rows were refused and not written".
+_REFUSED = (UnicodeError, psycopg.DataError)
 
 # The terminal event's JSON for the endings that carry nothing but their status.
 _STATUS_ONLY = {s: _json.dumps({"status": s}, "event") for s in ("completed", "failed", "cancelled")}
@@ -247,6 +264,11 @@ class JournalWriter:
             rows = self._number(events)
             try:
                 landed = await self._submit_resolving(rows)
+            except _REFUSED as exc:
+                # Refused for their content (by the driver before sending, or by the
+                # server's statement, which then wrote nothing): these rows certainly did
+                # not land, so the numbering still holds and the run can go on or end.
+                raise InvalidInput("event", f"the database refused it ({describe(exc)})") from exc
             except BaseException as exc:
                 # Unknown whether it landed: this writer cannot number another row.
                 self.broken = exc

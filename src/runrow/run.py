@@ -55,8 +55,10 @@ class RunContext:
 
         ``content_delta`` events (``{"type": "content_delta", "delta": "..."}``, plus an
         optional ``stream``) are merged and flushed on the dispatcher's flush clock;
-        any other type flushes pending text and is written at once. Raises
-        :class:`InvalidInput` for events that are not JSON or use a reserved type.
+        any other type flushes pending text and is written at once. A type is an
+        identifier (an ASCII letter, then ASCII letters, digits, ``_``, ``.``, ``:`` or
+        ``-``; at most 64 characters). Raises :class:`InvalidInput` for events that are
+        not JSON, have any other type or use a reserved one; nothing is written then.
         """
         await self._journal.emit(event)
 
