@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import uuid
 from datetime import timedelta
 
@@ -696,6 +697,41 @@ async def test_bad_configuration_is_refused(dsn: str, schema: str) -> None:
         runrow.Dispatcher(dsn, agent, schema=schema, poll=0)
     with pytest.raises(runrow.InvalidInput):
         runrow.Dispatcher(dsn, "not callable", schema=schema)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan])
+@pytest.mark.parametrize(
+    "option", ["lease", "heartbeat", "grace", "poll", "reap_interval", "flush_interval", "finalize_timeout"]
+)
+async def test_timing_options_must_be_finite(option: str, value: float) -> None:
+    """lease=inf used to be accepted (its claims then never expire and the claim loop's
+    deadline is infinite), and reap_interval was not checked at all."""
+
+    async def agent(run: runrow.RunContext) -> None:
+        return None
+
+    with pytest.raises(runrow.ConfigurationError, match=f"{option} must be a finite"):
+        runrow.Dispatcher("dbname=unused", agent, **{option: value})
+    with pytest.raises(runrow.ConfigurationError, match="reap_interval must be a finite"):
+        runrow.Dispatcher("dbname=unused", agent, reap_interval=0)
+
+
+async def test_finalize_timeout_must_leave_the_ending_time_to_land_before_the_reaper() -> None:
+    """The lease is not rolled once a run's ending is handed over, and was last rolled up
+    to 2 x heartbeat before; so the reaper may take the run lease + grace - 2 x heartbeat
+    after the hand-over. A finalize_timeout past that would let a live worker's ending be
+    reaped while it is still in flight."""
+
+    async def agent(run: runrow.RunContext) -> None:
+        return None
+
+    timing = {"lease": 2.0, "heartbeat": 0.2, "grace": 1.0}  # bound: 2 + 1 - 0.4 = 2.6
+    with pytest.raises(runrow.ConfigurationError, match=r"finalize_timeout \(2.7s\) must be at most 2.6s"):
+        runrow.Dispatcher("dbname=unused", agent, finalize_timeout=2.7, **timing)
+    assert runrow.Dispatcher("dbname=unused", agent, finalize_timeout=2.6, **timing).finalize_timeout == 2.6
+    # Unset, it is 10 s, or the bound if that is shorter.
+    assert runrow.Dispatcher("dbname=unused", agent, **timing).finalize_timeout == pytest.approx(2.6)
+    assert runrow.Dispatcher("dbname=unused", agent).finalize_timeout == 10.0
 
 
 async def test_dispatcher_refuses_an_unmigrated_schema(dsn: str) -> None:
