@@ -20,6 +20,7 @@ import contextlib
 import functools
 import json
 import logging
+import math
 import os
 import socket
 import uuid
@@ -195,7 +196,13 @@ class Dispatcher:
     ``grace`` (30) how long past its lease a run is given before the reaper fails it,
     ``poll`` (10) the idle claim tick when no wake-up arrives (the ceiling with a hub,
     the latency without one), ``reap_interval`` (defaults to ``poll``) the reaper's tick,
-    and ``flush_interval`` (0.25) the journal's text-merging clock. ``journal_notify=False``
+    ``flush_interval`` (0.25) the journal's text-merging clock, and ``finalize_timeout``
+    how long a run's ending may take before it is given up and left to the reaper: 10, or
+    ``lease + grace - 2 x heartbeat`` if that is less, and never more than that (a run is
+    not heartbeated once its ending is handed over, and its lease was last rolled up to
+    2 x heartbeat before, so the reaper may take it that long after the hand-over; an
+    ending given up is also dead on the server by then). All are finite and above 0.
+    ``journal_notify=False``
     drops the per-flush NOTIFY (tails then poll); it exists to measure what the NOTIFY costs.
 
     Behind a transaction-pooling pgbouncer: pass ``prepared_statements=False`` (or a pool
@@ -228,7 +235,7 @@ class Dispatcher:
         worker_id: str | None = None,
         hub: NotifyHub | None = None,
         notifications: bool = True,
-        finalize_timeout: float = 10.0,
+        finalize_timeout: float | None = None,
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
         journal_notify: bool = True,
         observers: Sequence[Observer] = (),
@@ -248,15 +255,32 @@ class Dispatcher:
             ("heartbeat", heartbeat),
             ("grace", grace),
             ("poll", poll),
+            ("reap_interval", reap_interval),
             ("flush_interval", flush_interval),
             ("finalize_timeout", finalize_timeout),
         ):
-            if not value > 0:
-                raise ConfigurationError(f"{name} must be positive, got {value!r}")
+            # (inf would pass "> 0" and then never fire: a lease=inf claim never expires
+            # and the claim loop's bound never ends a hung claim; nan compares false.)
+            if value is not None and not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+                raise ConfigurationError(f"{name} must be a finite number of seconds above 0, got {value!r}")
         if heartbeat > lease / 2:
             raise ConfigurationError(
                 f"heartbeat ({heartbeat}s) must be at most half the lease ({lease}s), so one "
                 "late heartbeat does not cost the claim"
+            )
+        # The lease is not rolled once a run's ending is handed over (the heartbeat skips
+        # finishing runs), and was last rolled up to 2 x heartbeat before (one heartbeat
+        # apart, plus up to one heartbeat that the previous beat may take before it gives
+        # up). So the reaper may take the run lease + grace - 2 x heartbeat after the
+        # hand-over; the ending must be given up, and dead on the server, by then.
+        ending_bound = lease + grace - 2 * heartbeat
+        if finalize_timeout is None:
+            finalize_timeout = min(10.0, ending_bound)
+        elif finalize_timeout > ending_bound:
+            raise ConfigurationError(
+                f"finalize_timeout ({finalize_timeout}s) must be at most {ending_bound:g}s "
+                f"(lease + grace - 2 x heartbeat), so a live worker's ending is given up "
+                "before the reaper could take its run"
             )
         if worker_id is not None:
             _json.check_id(worker_id, "worker_id")
