@@ -616,9 +616,36 @@ async def test_an_ending_that_cannot_land_is_given_up_within_its_budget(
     """The run's own row is locked by another transaction as its agent returns, so its
     ending blocks. A drain does not cut it (its agent is done), the ending is given up
     finalize_timeout after it was handed over, and the drain reports it for the reaper:
-    neither finished nor interrupted."""
+    neither finished nor interrupted; observers are told recorded=False.
+
+    "Given up" must hold on the server too: the ending must not be left waiting for the
+    lock and commit once it goes. The worker reaches the server through a proxy that
+    refuses new connections once the ending waits, so a client-side cancel request
+    (which needs one) cannot land, as on a loaded host where it is cut short: only a
+    bound the server itself keeps can end the statement."""
     caplog.set_level(logging.WARNING, logger="runrow")
+    finished: list[bool] = []
+
+    class Recorded(runrow.Observer):
+        def run_finished(
+            self, run: runrow.RunContext, *, status: str, seconds: float, recorded: bool
+        ) -> None:
+            finished.append(recorded)
+
     locker = await psycopg.AsyncConnection.connect(dsn)
+    params = psycopg.conninfo.conninfo_to_dict(dsn)
+    host = str(params.get("host") or "127.0.0.1")
+    proxy = Proxy("127.0.0.1" if host.startswith("/") else host, int(params.get("port") or 5432))
+
+    async def waiting_on_locker() -> int:
+        cur = await conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
+            (locker.info.backend_pid,),
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        return int(row[0])
+
     try:
 
         async def agent(run: runrow.RunContext) -> None:
@@ -627,19 +654,33 @@ async def test_an_ending_that_cannot_land_is_given_up_within_its_budget(
                 (run.run_id,),
             )
 
-        d = runrow.Dispatcher(dsn, agent, schema=schema, finalize_timeout=1.0, **FAST)
-        async with d:
-            run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content=1)
-            await wait_for(
-                lambda: locker.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS,
-                what="the row locked",
+        async with anyio.create_task_group() as tg:
+            port = await proxy.start(tg)
+            proxied = psycopg.conninfo.make_conninfo(
+                dsn, host="127.0.0.1", port=port, sslmode="disable", gssencmode="disable"
             )
-            await anyio.sleep(0.1)  # the ending is now waiting on the lock
-            t0 = anyio.current_time()
-            report = await d.stop(drain_timeout=0.2)
-            took = anyio.current_time() - t0
+            d = runrow.Dispatcher(
+                proxied,
+                agent,
+                schema=schema,
+                finalize_timeout=1.0,
+                notifications=False,
+                observers=[Recorded()],
+                **FAST,
+            )
+            async with d:
+                run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content=1)
+                await wait_for(waiting_on_locker, what="the ending waiting on the lock")
+                proxy.refuse_new = True
+                t0 = anyio.current_time()
+                report = await d.stop(drain_timeout=0.2)
+                took = anyio.current_time() - t0
+                # Given up, and dead on the server: nothing of the ending still waits.
+                assert await waiting_on_locker() == 0, "a given-up ending is still waiting on the server"
+            tg.cancel_scope.cancel()
         assert report.left_for_reaper == [run.id]
         assert report.interrupted == [] and report.finished == []
+        assert finished == [False]
         assert took < 5  # about finalize_timeout, not drain + finalize budgets stacked
         assert any(
             f"finalize of run {run.id} given up: no attempt landed within finalize_timeout" in r.getMessage()
@@ -648,7 +689,13 @@ async def test_an_ending_that_cannot_land_is_given_up_within_its_budget(
     finally:
         await locker.rollback()
         await locker.close()
-    assert await status_of(conn, schema, run.id) == "running"  # the reaper's to end
+    # Lock the row ourselves: a write still queued for it would go first and commit.
+    async with conn.transaction():
+        cur = await conn.execute(
+            sql.SQL("SELECT status FROM {} WHERE id = %s FOR UPDATE").format(table(schema, "agent_run")),
+            (run.id,),
+        )
+        assert (await cur.fetchone()) == ("running",)  # the reaper's to end
 
 
 async def test_a_rejected_ending_is_left_to_the_reaper(
