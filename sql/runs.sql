@@ -321,6 +321,13 @@ SELECT fin.id,
             THEN pg_notify(%(wake_channel)s, '') END
 FROM fin
 
+-- name: ending_budget
+-- Pipelined ahead of finalize, in the same round trip and the same (implicit)
+-- transaction: the server itself ends the ending's statement (and bounds its commit's
+-- lock wait) before the worker gives up on it, so an ending given up is never left
+-- waiting, e.g. on a locked row, to commit later. Transaction-local: nothing stays set.
+SELECT set_config('statement_timeout', %(timeout)s, true), set_config('lock_timeout', %(timeout)s, true)
+
 -- name: ending_landed
 -- After an ending's answer was lost (connection cut) and its retry's fence matched
 -- nothing: had the lost attempt committed? Only this claim's own ending leaves the run
