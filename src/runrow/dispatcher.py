@@ -286,6 +286,14 @@ class Dispatcher:
                 f"(lease + grace - 2 x heartbeat), so a live worker's ending is given up "
                 "before the reaper could take its run"
             )
+        if not prepared_statements and not isinstance(db, str):
+            # The flag shapes only the pool the dispatcher opens; a caller's pool prepares
+            # as its owner configured it (prepare_threshold), and changing a shared pool's
+            # connections behind its owner's back is not ours to do.
+            raise ConfigurationError(
+                "prepared_statements=False applies only to the pool the dispatcher opens from a "
+                "conninfo string; build your pool with kwargs={'prepare_threshold': None} instead"
+            )
         if worker_id is not None:
             _json.check_id(worker_id, "worker_id")
         self.agent = agent
@@ -1254,8 +1262,28 @@ async def reap_expired(
                 )
                 rows = await cur.fetchall()
         except psycopg.errors.UniqueViolation:
-            # A dying worker's last append raced the terminal event; next pass wins.
-            break
+            # A dying worker's last append raced one run's terminal event (same seq). That
+            # run must not hold back the others: each goes again alone (a fresh snapshot
+            # sees the append, so the victim usually goes through too; if not, next pass).
+            rows = []
+            for one in ids if len(ids) > 1 else []:
+                try:
+                    async with statement_conn(db) as conn:
+                        cur = await conn.execute(
+                            _sql.statement("reap", schema),
+                            {
+                                "ids": [one],
+                                "now": now,
+                                "grace_seconds": grace,
+                                "events_prefix": channels.events_prefix,
+                                "wake_channel": channels.wake,
+                            },
+                        )
+                        rows.extend(await cur.fetchall())
+                except psycopg.errors.UniqueViolation:
+                    continue
+            if not rows:
+                break
         for run_id, conversation_id, status, worker_id, _, _ in rows:
             reaped.append(run_id)
             log.warning(
