@@ -284,12 +284,21 @@ RETURNING a.id, a.claim_token, a.conversation_id, a.user_id, a.tenant_id, a.requ
 -- Rolls the lease of every run this process holds, in one statement. A run missing
 -- from the result has lost its claim. Returns the durable cancel flag too: the
 -- heartbeat is the fallback for a lost cancel NOTIFY.
+-- Every batched writer of agent_run (heartbeat, finalize, reap) locks its rows first, in
+-- id order, so that overlapping batches never deadlock whatever order they come in.
+WITH locked AS (
+    SELECT a.id FROM {schema}.agent_run a
+    JOIN unnest(%(ids)b::uuid[], %(tokens)b::uuid[]) AS h(id, token)
+      ON a.id = h.id AND a.claim_token = h.token
+    WHERE a.status = 'running'
+    ORDER BY a.id
+    FOR NO KEY UPDATE OF a
+)
 UPDATE {schema}.agent_run a SET
     last_heartbeat_at = coalesce(%(now)s::timestamptz, now()),
     claim_expires_at  = coalesce(%(now)s::timestamptz, now())
                         + make_interval(secs => %(lease_seconds)s)
-FROM unnest(%(ids)b::uuid[], %(tokens)b::uuid[]) AS h(id, token)
-WHERE a.id = h.id AND a.claim_token = h.token AND a.status = 'running'
+WHERE a.id = ANY (ARRAY(SELECT id FROM locked)) AND a.status = 'running'
 RETURNING a.id, a.cancel_requested
 
 -- name: cancel_flag
@@ -306,10 +315,17 @@ WHERE id = %(run_id)s AND claim_token = %(claim_token)s AND status = 'running'
 WITH f AS (
     SELECT * FROM jsonb_to_recordset(%(runs)s::jsonb)
              AS f(id uuid, token uuid, status text, error text, partial text)
+), locked AS (
+    -- (in id order, as every batched writer: see heartbeat)
+    SELECT a.id FROM {schema}.agent_run a JOIN f ON a.id = f.id AND a.claim_token = f.token
+    WHERE a.status = 'running'
+    ORDER BY a.id
+    FOR NO KEY UPDATE OF a
 ), fin AS (
     UPDATE {schema}.agent_run a SET status = f.status, error = f.error::jsonb, finished_at = now()
     FROM f
-    WHERE a.id = f.id AND a.claim_token = f.token AND a.status = 'running'
+    WHERE a.id = ANY (ARRAY(SELECT id FROM locked))
+      AND a.id = f.id AND a.claim_token = f.token AND a.status = 'running'
     RETURNING a.id, a.conversation_id, a.tenant_key, f.partial, f.status
 ), answer AS (
     -- Streamed text the agent never wrote to the transcript: its answer if the run
@@ -338,6 +354,13 @@ SELECT fin.id,
                          WHERE p.tenant_key = fin.tenant_key AND p.max_running IS NOT NULL)
             THEN pg_notify(%(wake_channel)s, '') END
 FROM fin
+
+-- name: ending_budget
+-- Pipelined ahead of finalize, in the same round trip and the same (implicit)
+-- transaction: the server itself ends the ending's statement (and bounds its commit's
+-- lock wait) before the worker gives up on it, so an ending given up is never left
+-- waiting, e.g. on a locked row, to commit later. Transaction-local: nothing stays set.
+SELECT set_config('statement_timeout', %(timeout)s, true), set_config('lock_timeout', %(timeout)s, true)
 
 -- name: ending_landed
 -- After an ending's answer was lost (connection cut) and its retry's fence matched
@@ -374,7 +397,13 @@ LIMIT %(limit)s
 -- with that id): their side effects are uncertain. (The terminal event always carries
 -- uncertain_tool_calls, which a worker's never does: ending_landed relies on it to tell
 -- a reaped ending from the worker's own.)
-WITH fin AS (
+WITH locked AS (
+    -- (in id order, as every batched writer: see heartbeat)
+    SELECT a.id FROM {schema}.agent_run a
+    WHERE a.id = ANY(%(ids)s::uuid[]) AND a.status = 'running'
+    ORDER BY a.id
+    FOR NO KEY UPDATE OF a
+), fin AS (
     UPDATE {schema}.agent_run a SET
         status      = CASE WHEN a.cancel_requested THEN 'cancelled' ELSE 'failed' END,
         error       = CASE
@@ -388,7 +417,7 @@ WITH fin AS (
                               'type', 'worker_lost',
                               'message', 'the worker stopped heartbeating; its lease expired') END,
         finished_at = now()
-    WHERE a.id = ANY(%(ids)s::uuid[])
+    WHERE a.id = ANY (ARRAY(SELECT id FROM locked))
       AND a.status = 'running'
       AND (a.claim_expires_at < coalesce(%(now)s::timestamptz, now())
                                 - make_interval(secs => %(grace_seconds)s)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import uuid
 from datetime import timedelta
 
@@ -616,9 +617,36 @@ async def test_an_ending_that_cannot_land_is_given_up_within_its_budget(
     """The run's own row is locked by another transaction as its agent returns, so its
     ending blocks. A drain does not cut it (its agent is done), the ending is given up
     finalize_timeout after it was handed over, and the drain reports it for the reaper:
-    neither finished nor interrupted."""
+    neither finished nor interrupted; observers are told recorded=False.
+
+    "Given up" must hold on the server too: the ending must not be left waiting for the
+    lock and commit once it goes. The worker reaches the server through a proxy that
+    refuses new connections once the ending waits, so a client-side cancel request
+    (which needs one) cannot land, as on a loaded host where it is cut short: only a
+    bound the server itself keeps can end the statement."""
     caplog.set_level(logging.WARNING, logger="runrow")
+    finished: list[bool] = []
+
+    class Recorded(runrow.Observer):
+        def run_finished(
+            self, run: runrow.RunContext, *, status: str, seconds: float, recorded: bool
+        ) -> None:
+            finished.append(recorded)
+
     locker = await psycopg.AsyncConnection.connect(dsn)
+    params = psycopg.conninfo.conninfo_to_dict(dsn)
+    host = str(params.get("host") or "127.0.0.1")
+    proxy = Proxy("127.0.0.1" if host.startswith("/") else host, int(params.get("port") or 5432))
+
+    async def waiting_on_locker() -> int:
+        cur = await conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
+            (locker.info.backend_pid,),
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        return int(row[0])
+
     try:
 
         async def agent(run: runrow.RunContext) -> None:
@@ -627,19 +655,33 @@ async def test_an_ending_that_cannot_land_is_given_up_within_its_budget(
                 (run.run_id,),
             )
 
-        d = runrow.Dispatcher(dsn, agent, schema=schema, finalize_timeout=1.0, **FAST)
-        async with d:
-            run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content=1)
-            await wait_for(
-                lambda: locker.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS,
-                what="the row locked",
+        async with anyio.create_task_group() as tg:
+            port = await proxy.start(tg)
+            proxied = psycopg.conninfo.make_conninfo(
+                dsn, host="127.0.0.1", port=port, sslmode="disable", gssencmode="disable"
             )
-            await anyio.sleep(0.1)  # the ending is now waiting on the lock
-            t0 = anyio.current_time()
-            report = await d.stop(drain_timeout=0.2)
-            took = anyio.current_time() - t0
+            d = runrow.Dispatcher(
+                proxied,
+                agent,
+                schema=schema,
+                finalize_timeout=1.0,
+                notifications=False,
+                observers=[Recorded()],
+                **FAST,
+            )
+            async with d:
+                run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content=1)
+                await wait_for(waiting_on_locker, what="the ending waiting on the lock")
+                proxy.refuse_new = True
+                t0 = anyio.current_time()
+                report = await d.stop(drain_timeout=0.2)
+                took = anyio.current_time() - t0
+                # Given up, and dead on the server: nothing of the ending still waits.
+                assert await waiting_on_locker() == 0, "a given-up ending is still waiting on the server"
+            tg.cancel_scope.cancel()
         assert report.left_for_reaper == [run.id]
         assert report.interrupted == [] and report.finished == []
+        assert finished == [False]
         assert took < 5  # about finalize_timeout, not drain + finalize budgets stacked
         assert any(
             f"finalize of run {run.id} given up: no attempt landed within finalize_timeout" in r.getMessage()
@@ -648,7 +690,13 @@ async def test_an_ending_that_cannot_land_is_given_up_within_its_budget(
     finally:
         await locker.rollback()
         await locker.close()
-    assert await status_of(conn, schema, run.id) == "running"  # the reaper's to end
+    # Lock the row ourselves: a write still queued for it would go first and commit.
+    async with conn.transaction():
+        cur = await conn.execute(
+            sql.SQL("SELECT status FROM {} WHERE id = %s FOR UPDATE").format(table(schema, "agent_run")),
+            (run.id,),
+        )
+        assert (await cur.fetchone()) == ("running",)  # the reaper's to end
 
 
 async def test_a_rejected_ending_is_left_to_the_reaper(
@@ -697,6 +745,41 @@ async def test_bad_configuration_is_refused(dsn: str, schema: str) -> None:
         runrow.Dispatcher(dsn, agent, schema=schema, poll=0)
     with pytest.raises(runrow.InvalidInput):
         runrow.Dispatcher(dsn, "not callable", schema=schema)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan])
+@pytest.mark.parametrize(
+    "option", ["lease", "heartbeat", "grace", "poll", "reap_interval", "flush_interval", "finalize_timeout"]
+)
+async def test_timing_options_must_be_finite(option: str, value: float) -> None:
+    """lease=inf used to be accepted (its claims then never expire and the claim loop's
+    deadline is infinite), and reap_interval was not checked at all."""
+
+    async def agent(run: runrow.RunContext) -> None:
+        return None
+
+    with pytest.raises(runrow.ConfigurationError, match=f"{option} must be a finite"):
+        runrow.Dispatcher("dbname=unused", agent, **{option: value})
+    with pytest.raises(runrow.ConfigurationError, match="reap_interval must be a finite"):
+        runrow.Dispatcher("dbname=unused", agent, reap_interval=0)
+
+
+async def test_finalize_timeout_must_leave_the_ending_time_to_land_before_the_reaper() -> None:
+    """The lease is not rolled once a run's ending is handed over, and was last rolled up
+    to 2 x heartbeat before; so the reaper may take the run lease + grace - 2 x heartbeat
+    after the hand-over. A finalize_timeout past that would let a live worker's ending be
+    reaped while it is still in flight."""
+
+    async def agent(run: runrow.RunContext) -> None:
+        return None
+
+    timing = {"lease": 2.0, "heartbeat": 0.2, "grace": 1.0}  # bound: 2 + 1 - 0.4 = 2.6
+    with pytest.raises(runrow.ConfigurationError, match=r"finalize_timeout \(2.7s\) must be at most 2.6s"):
+        runrow.Dispatcher("dbname=unused", agent, finalize_timeout=2.7, **timing)
+    assert runrow.Dispatcher("dbname=unused", agent, finalize_timeout=2.6, **timing).finalize_timeout == 2.6
+    # Unset, it is 10 s, or the bound if that is shorter.
+    assert runrow.Dispatcher("dbname=unused", agent, **timing).finalize_timeout == pytest.approx(2.6)
+    assert runrow.Dispatcher("dbname=unused", agent).finalize_timeout == 10.0
 
 
 async def test_dispatcher_refuses_an_unmigrated_schema(dsn: str) -> None:

@@ -20,6 +20,7 @@ import contextlib
 import functools
 import json
 import logging
+import math
 import os
 import socket
 import uuid
@@ -67,13 +68,17 @@ class _OutOfTime(Exception):
 
 class _Answer:
     """A run's ending is answered once (landed or not), by whichever comes first: the
-    writer, a retry, or the budget timer; later answers are ignored."""
+    writer, a retry, or the budget timer; later answers are ignored. ``deadline`` is
+    when the budget ends (loop time); ``sent`` is true while an attempt is with the
+    server and not yet answered."""
 
-    __slots__ = ("answered", "done", "timer")
+    __slots__ = ("answered", "deadline", "done", "sent", "timer")
 
-    def __init__(self, done: Callable[[bool], None]) -> None:
+    def __init__(self, done: Callable[[bool], None], deadline: float) -> None:
         self.done = done
+        self.deadline = deadline
         self.answered = False
+        self.sent = False
         self.timer: asyncio.TimerHandle | None = None
 
     def __call__(self, landed: bool) -> None:
@@ -86,8 +91,8 @@ class _Answer:
 
 ClaimOrder = Literal["fair", "fifo"]
 DEADLINE_ERROR = {"type": "deadline_exceeded", "message": "the run was still running past its deadline"}
-# (run_id, token, status, error_json, answer_text, rows)
-_FinalItem = tuple[uuid.UUID, uuid.UUID, str, str | None, str | None, list[tuple[int, str, str]]]
+# (run_id, token, status, error_json, answer_text, rows, answer)
+_FinalItem = tuple[uuid.UUID, uuid.UUID, str, str | None, str | None, list[tuple[int, str, str]], _Answer]
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,7 +200,13 @@ class Dispatcher:
     ``grace`` (30) how long past its lease a run is given before the reaper fails it,
     ``poll`` (10) the idle claim tick when no wake-up arrives (the ceiling with a hub,
     the latency without one), ``reap_interval`` (defaults to ``poll``) the reaper's tick,
-    and ``flush_interval`` (0.25) the journal's text-merging clock. ``journal_notify=False``
+    ``flush_interval`` (0.25) the journal's text-merging clock, and ``finalize_timeout``
+    how long a run's ending may take before it is given up and left to the reaper: 10, or
+    ``lease + grace - 2 x heartbeat`` if that is less, and never more than that (a run is
+    not heartbeated once its ending is handed over, and its lease was last rolled up to
+    2 x heartbeat before, so the reaper may take it that long after the hand-over; an
+    ending given up is also dead on the server by then). All are finite and above 0.
+    ``journal_notify=False``
     drops the per-flush NOTIFY (tails then poll); it exists to measure what the NOTIFY costs.
 
     Behind a transaction-pooling pgbouncer: pass ``prepared_statements=False`` (or a pool
@@ -228,7 +239,7 @@ class Dispatcher:
         worker_id: str | None = None,
         hub: NotifyHub | None = None,
         notifications: bool = True,
-        finalize_timeout: float = 10.0,
+        finalize_timeout: float | None = None,
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
         journal_notify: bool = True,
         observers: Sequence[Observer] = (),
@@ -248,15 +259,42 @@ class Dispatcher:
             ("heartbeat", heartbeat),
             ("grace", grace),
             ("poll", poll),
+            ("reap_interval", reap_interval),
             ("flush_interval", flush_interval),
             ("finalize_timeout", finalize_timeout),
         ):
-            if not value > 0:
-                raise ConfigurationError(f"{name} must be positive, got {value!r}")
+            # (inf would pass "> 0" and then never fire: a lease=inf claim never expires
+            # and the claim loop's bound never ends a hung claim; nan compares false.)
+            if value is not None and not (
+                isinstance(value, int | float) and math.isfinite(value) and value > 0
+            ):
+                raise ConfigurationError(f"{name} must be a finite number of seconds above 0, got {value!r}")
         if heartbeat > lease / 2:
             raise ConfigurationError(
                 f"heartbeat ({heartbeat}s) must be at most half the lease ({lease}s), so one "
                 "late heartbeat does not cost the claim"
+            )
+        # The lease is not rolled once a run's ending is handed over (the heartbeat skips
+        # finishing runs), and was last rolled up to 2 x heartbeat before (one heartbeat
+        # apart, plus up to one heartbeat that the previous beat may take before it gives
+        # up). So the reaper may take the run lease + grace - 2 x heartbeat after the
+        # hand-over; the ending must be given up, and dead on the server, by then.
+        ending_bound = lease + grace - 2 * heartbeat
+        if finalize_timeout is None:
+            finalize_timeout = min(10.0, ending_bound)
+        elif finalize_timeout > ending_bound:
+            raise ConfigurationError(
+                f"finalize_timeout ({finalize_timeout}s) must be at most {ending_bound:g}s "
+                f"(lease + grace - 2 x heartbeat), so a live worker's ending is given up "
+                "before the reaper could take its run"
+            )
+        if not prepared_statements and not isinstance(db, str):
+            # The flag shapes only the pool the dispatcher opens; a caller's pool prepares
+            # as its owner configured it (prepare_threshold), and changing a shared pool's
+            # connections behind its owner's back is not ours to do.
+            raise ConfigurationError(
+                "prepared_statements=False applies only to the pool the dispatcher opens from a "
+                "conninfo string; build your pool with kwargs={'prepare_threshold': None} instead"
             )
         if worker_id is not None:
             _json.check_id(worker_id, "worker_id")
@@ -275,6 +313,9 @@ class Dispatcher:
         self.reap_interval = reap_interval if reap_interval is not None else poll
         self.flush_interval = flush_interval
         self.finalize_timeout = finalize_timeout
+        # How much sooner than an ending's budget the server must end its statement, so
+        # that the server's answer (the error) reaches us before we give up on it.
+        self._ending_margin = min(1.0, 0.1 * finalize_timeout)
         self.max_event_bytes = max_event_bytes
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.channels = Channels.for_schema(schema)
@@ -313,7 +354,7 @@ class Dispatcher:
         self._beat_lag = 0.0
         self._appender: GroupCommit[AppendItem, bool] = GroupCommit(self._append_batch)
         # Bounded by finalize_timeout: no run's task waits on its write (see _finalize).
-        self._finalizer: GroupCommit[_FinalItem, bool] = GroupCommit(
+        self._finalizer: GroupCommit[_FinalItem, bool | None] = GroupCommit(
             self._finalize_batch, timeout=finalize_timeout
         )
         self._queries = {
@@ -323,6 +364,7 @@ class Dispatcher:
             "heartbeat": _sql.statement("heartbeat", schema),
             "cancel_flag": _sql.statement("cancel_flag", schema),
             "finalize": _sql.statement("finalize", schema),
+            "ending_budget": _sql.statement("ending_budget", schema),
             "flush_landed": _sql.statement("flush_landed", schema),
             "ending_landed": _sql.statement("ending_landed", schema),
             "append_events": _sql.statement("append_events", schema),
@@ -842,6 +884,9 @@ class Dispatcher:
             self._unrecorded.add(active.id)
             done(False)
             return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.finalize_timeout
+        answer = _Answer(done, deadline)
         item: _FinalItem = (
             active.id,
             active.token,
@@ -849,15 +894,15 @@ class Dispatcher:
             None if error is None else _json.dumps(error, "error"),
             journal.answer_text,
             journal.final_rows(terminal),
+            answer,
         )
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.finalize_timeout
-        answer = _Answer(done)
 
         def first_attempt(landed: bool | None, exc: BaseException | None) -> None:
             if answer.answered:
                 return
-            if exc is None:
+            if exc is None and landed is None:  # never sent: its budget had run out
+                self._finalize_failed(active, _OutOfTime(self.finalize_timeout), 1, answer)
+            elif exc is None:
                 self._finalize_landed(bool(landed), answer)
             elif isinstance(exc, _TRANSIENT) and not self._runs.closed:
                 self._runs.start(self._finalize_again(active, item, exc, deadline, answer))
@@ -881,7 +926,18 @@ class Dispatcher:
         if answer.answered:
             return
         extra = {"run_id": str(active.id), "worker_id": self.worker_id}
-        if isinstance(exc, _OutOfTime | WriterStopped):
+        if answer.sent:
+            # The server has not answered the attempt in flight (a stalled network or
+            # server: the statement's own server-side bound would have ended it in
+            # time otherwise): it may yet commit. Say so, not "not recorded".
+            log.warning(
+                "finalize of run %s given up with an attempt unanswered: %s; it may yet land "
+                "(the run then ends as written; if not, the reaper ends it)",
+                active.id,
+                exc,
+                extra=extra,
+            )
+        elif isinstance(exc, _OutOfTime | WriterStopped):
             log.warning("finalize of run %s given up: %s", active.id, exc, extra=extra)
         elif isinstance(exc, _TRANSIENT):
             self._attempt_failed(active, attempt, exc)
@@ -920,6 +976,9 @@ class Dispatcher:
                     attempt += 1
                     try:
                         landed = await self._finalizer.submit(item, caller_shielded=True)
+                        if landed is None:  # not sent: no budget left for a server-side bound
+                            exc = _OutOfTime(self.finalize_timeout)
+                            break
                         if not landed:
                             # The fence matched nothing: maybe the failed attempt had
                             # committed and only its answer was lost.
@@ -943,7 +1002,7 @@ class Dispatcher:
                 self._finalize_failed(active, WriterStopped("the dispatcher shut down"), attempt, answer)
 
     async def _ending_landed(self, item: _FinalItem) -> bool:
-        run_id, token, status, _, _, rows = item
+        run_id, token, status, _, _, rows, _ = item
         seq, _, payload = rows[-1]  # the terminal event
         try:
             async with statement_conn(self.pool) as conn:
@@ -1013,29 +1072,52 @@ class Dispatcher:
             landed = {r[0] for r in await cur.fetchall()}
         return [run_id in landed for run_id, _, _ in items]
 
-    async def _finalize_batch(self, items: list[_FinalItem]) -> list[bool]:
+    async def _finalize_batch(self, items: list[_FinalItem]) -> list[bool | None]:
+        """Writes the endings whose budget leaves room for it (None for the others: not
+        sent), under a server-side bound that ends the statement before the first of
+        their budgets does: an ending given up is then dead on the server, never left
+        waiting (e.g. on a row lock) to commit later. The bound is set transaction-locally
+        by a statement pipelined ahead of the finalize: same round trip, same implicit
+        transaction (or the caller's), nothing left on the connection afterwards."""
+        now = asyncio.get_running_loop().time()
+        margin = self._ending_margin
+        fits = [i[6].deadline - now - margin >= 0.001 for i in items]
+        sent = [i for i, ok in zip(items, fits, strict=True) if ok]
+        if not sent:
+            return [None] * len(items)
+        # statement_timeout ends the statement, all its waits included; lock_timeout
+        # also bounds the commit's wait for the NOTIFY queue's lock.
+        timeout = f"{int((min(i[6].deadline for i in sent) - now - margin) * 1000)}ms"
         runs = _batch_json(
             {"id": str(i[0]), "token": str(i[1]), "status": i[2], "error": i[3], "partial": i[4]}
-            for i in items
+            for i in sent
         )
         events = _batch_json(
             {"run_id": str(i[0]), "seq": seq, "type": etype, "payload": payload}
-            for i in items
+            for i in sent
             for seq, etype, payload in i[5]
         )
-        async with self._finalize_conn.statement() as conn:
-            cur = await execute(
-                conn,
-                self._queries["finalize"],
-                {
-                    "runs": runs,
-                    "events": events,
-                    "events_prefix": self.channels.events_prefix,
-                    "wake_channel": self.channels.wake,
-                },
-            )
-            landed = {r[0] for r in await cur.fetchall()}
-        return [i[0] in landed for i in items]
+        for i in sent:
+            i[6].sent = True
+        try:
+            async with self._finalize_conn.statement() as conn:
+                async with conn.pipeline():
+                    await conn.execute(self._queries["ending_budget"], {"timeout": timeout})
+                    cur = await execute(
+                        conn,
+                        self._queries["finalize"],
+                        {
+                            "runs": runs,
+                            "events": events,
+                            "events_prefix": self.channels.events_prefix,
+                            "wake_channel": self.channels.wake,
+                        },
+                    )
+                landed = {r[0] for r in await cur.fetchall()}
+        finally:
+            for i in sent:
+                i[6].sent = False
+        return [(i[0] in landed) if ok else None for i, ok in zip(items, fits, strict=True)]
 
     # -- losing a claim, cancelling ---------------------------------------------------
 
@@ -1261,8 +1343,28 @@ async def reap_expired(
                 )
                 rows = await cur.fetchall()
         except psycopg.errors.UniqueViolation:
-            # A dying worker's last append raced the terminal event; next pass wins.
-            break
+            # A dying worker's last append raced one run's terminal event (same seq). That
+            # run must not hold back the others: each goes again alone (a fresh snapshot
+            # sees the append, so the victim usually goes through too; if not, next pass).
+            rows = []
+            for one in ids if len(ids) > 1 else []:
+                try:
+                    async with statement_conn(db) as conn:
+                        cur = await conn.execute(
+                            _sql.statement("reap", schema),
+                            {
+                                "ids": [one],
+                                "now": now,
+                                "grace_seconds": grace,
+                                "events_prefix": channels.events_prefix,
+                                "wake_channel": channels.wake,
+                            },
+                        )
+                        rows.extend(await cur.fetchall())
+                except psycopg.errors.UniqueViolation:
+                    continue
+            if not rows:
+                break
         for run_id, conversation_id, status, worker_id, _, _ in rows:
             reaped.append(run_id)
             log.warning(

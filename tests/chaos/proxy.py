@@ -8,7 +8,9 @@ dropping the answer: the server has done the work, but the client sees its conne
 die. For a statement in its own implicit transaction whose result fits the server's
 send buffer and that raises no notice, the work is committed by then: PostgreSQL sends
 such a result only when it reports ready for the next query, after the commit. A connection attempt while the server is down is
-closed at once, as the server itself would refuse it.
+closed at once, as the server itself would refuse it. ``refuse_new = True`` closes
+every new connection at once (those open go on): a client's cancel request, which
+needs a connection of its own, then cannot reach the server.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class Proxy:
         self.accepted = 0
         self.cuts = 0
         self.answers_lost = 0
+        self.refuse_new = False
         self._pairs: set[_Pair] = set()
         self._marker: bytes | None = None
 
@@ -77,6 +80,8 @@ class Proxy:
         self.accepted += 1
         pair = _Pair()
         async with client:
+            if self.refuse_new:
+                return
             try:
                 with anyio.fail_after(5):
                     upstream = await anyio.connect_tcp(self.upstream_host, self.upstream_port)
