@@ -1318,6 +1318,19 @@ async def reap_expired(
     """Ends runs whose lease lapsed more than ``grace`` seconds ago (see :class:`Dispatcher`)."""
     channels = Channels.for_schema(schema)
     reaped: list[uuid.UUID] = []
+
+    async def reap(ids: list[uuid.UUID]) -> list[tuple[Any, ...]]:
+        params = {
+            "ids": ids,
+            "now": now,
+            "grace_seconds": grace,
+            "events_prefix": channels.events_prefix,
+            "wake_channel": channels.wake,
+        }
+        async with statement_conn(db) as conn:
+            cur = await execute(conn, _sql.statement("reap", schema), params)
+            return await cur.fetchall()
+
     while True:
         async with statement_conn(db) as conn:
             cur = await execute(
@@ -1329,40 +1342,15 @@ async def reap_expired(
         if not ids:
             break
         try:
-            async with statement_conn(db) as conn:
-                cur = await execute(
-                    conn,
-                    _sql.statement("reap", schema),
-                    {
-                        "ids": ids,
-                        "now": now,
-                        "grace_seconds": grace,
-                        "events_prefix": channels.events_prefix,
-                        "wake_channel": channels.wake,
-                    },
-                )
-                rows = await cur.fetchall()
+            rows = await reap(ids)
         except psycopg.errors.UniqueViolation:
             # A dying worker's last append raced one run's terminal event (same seq). That
             # run must not hold back the others: each goes again alone (a fresh snapshot
             # sees the append, so the victim usually goes through too; if not, next pass).
             rows = []
             for one in ids if len(ids) > 1 else []:
-                try:
-                    async with statement_conn(db) as conn:
-                        cur = await conn.execute(
-                            _sql.statement("reap", schema),
-                            {
-                                "ids": [one],
-                                "now": now,
-                                "grace_seconds": grace,
-                                "events_prefix": channels.events_prefix,
-                                "wake_channel": channels.wake,
-                            },
-                        )
-                        rows.extend(await cur.fetchall())
-                except psycopg.errors.UniqueViolation:
-                    continue
+                with contextlib.suppress(psycopg.errors.UniqueViolation):
+                    rows.extend(await reap([one]))
             if not rows:
                 break
         for run_id, conversation_id, status, worker_id, _, _ in rows:
