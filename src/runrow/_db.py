@@ -69,7 +69,10 @@ async def execute(
         return cur
     joined = conn.info.transaction_status == TransactionStatus.INTRANS
     async with conn.pipeline():
-        await conn.execute(_sql.statement("jit_save_off_local" if joined else "jit_off_local", "public"))
+        if joined:
+            await conn.execute(_sql.statement("jit_save_off_local", "public"))
+        else:
+            await conn.execute(_sql.statement("jit_off_local", "public"))
         await cur.execute(query, params)
         if joined:
             await conn.execute(_sql.statement("jit_restore_local", "public"))
