@@ -20,12 +20,22 @@ SELECT run_id,
 FROM (SELECT DISTINCT run_id FROM ins) landed
 
 -- name: write_message
--- A fenced transcript write by the claim holder.
-INSERT INTO {schema}.message (conversation_id, run_id, role, content, status)
-SELECT conversation_id, id, %(role)s, %(content)s, 'complete'
+-- A fenced transcript write by the claim holder. The id comes from the worker, so a
+-- write whose answer was lost can be read back (message_landed); a retry of a write
+-- that had landed after all conflicts on it and writes nothing.
+INSERT INTO {schema}.message (id, conversation_id, run_id, role, content, status)
+SELECT %(message_id)s, conversation_id, id, %(role)s, %(content)s, 'complete'
 FROM {schema}.agent_run
 WHERE id = %(run_id)s AND claim_token = %(claim_token)s AND status = 'running'
+ON CONFLICT (id) DO NOTHING
 RETURNING id
+
+-- name: message_landed
+-- After a transcript write failed without an answer (connection lost): did the message
+-- land, and does this worker still hold the claim? "Done", "retry" or "stand down".
+SELECT EXISTS (SELECT 1 FROM {schema}.message WHERE id = %(message_id)s) AS landed,
+       EXISTS (SELECT 1 FROM {schema}.agent_run
+               WHERE id = %(run_id)s AND claim_token = %(claim_token)s AND status = 'running') AS owned
 
 -- name: read_events
 SELECT seq, type, payload FROM {schema}.run_event

@@ -202,9 +202,14 @@ class JournalWriter:
         if _aio.now() - self._pending_since >= self._interval:
             await self.flush()
 
-    def answer_taken(self) -> None:
-        """The agent wrote its answer to the transcript: nothing partial to keep."""
-        self._answer.clear()
+    def answer_mark(self) -> int:
+        """A mark of the streamed answer text so far, for :meth:`answer_taken`."""
+        return len(self._answer)
+
+    def answer_taken(self, upto: int | None = None) -> None:
+        """The agent wrote its answer to the transcript: the text streamed before the
+        mark ``upto`` (default: all of it) is no partial answer to keep."""
+        del self._answer[: len(self._answer) if upto is None else upto]
 
     @property
     def answer_text(self) -> str | None:
