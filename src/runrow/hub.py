@@ -173,8 +173,12 @@ class NotifyHub:
         check_channel(channel)
         sub = Subscription(channel, self.buffer)
         peers = self._subs.setdefault(channel, set())
+        first = not peers
         peers.add(sub)
-        if channel not in self._listening:
+        # The first subscriber always asks for a sync: the channel may still look
+        # listened while its last subscriber's UNLISTEN is in flight (an SSE client
+        # reconnecting to the same run), and would then be dropped after the UNLISTEN.
+        if first or channel not in self._listening:
             self._kick()
         try:
             yield sub
