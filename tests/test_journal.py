@@ -350,3 +350,38 @@ async def test_a_tail_whose_notifications_work_does_not_poll(
         await wait_for(lambda: 6 in got, timeout=3, what="event 6, announced")
         assert await manual.finalize(conn, schema, run.id, token, "completed", 7)
     assert got == [1, 2, 3, 4, 5, 6, 7]
+
+
+async def test_a_cursor_past_the_end_of_the_journal_is_refused(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    """A cursor past the last event of a run's journal cannot come from this run's
+    stream (seq is gap-free and a tail yields only committed events): waiting would
+    silently skip the events up to it, or hang until the run ends and then yield
+    nothing. The tail refuses it at once, for a running and for a finished run; a
+    cursor at the end is a normal resume."""
+    run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
+    (claimed,) = await manual.claim(conn, schema)
+    token = claimed["claim_token"]
+    assert await manual.append(conn, schema, run.id, token, [(3, "x", {})])
+    with anyio.fail_after(5), pytest.raises(runrow.InvalidInput, match="from_seq"):
+        async for _ in runrow.tail(dsn, run.id, from_seq=10, schema=schema, poll=0.05):
+            pass
+    with anyio.fail_after(5), pytest.raises(runrow.InvalidInput, match="from_seq"):
+        async for _ in runrow.tail(dsn, run.id, from_seq=4, schema=schema, poll=0.05):
+            pass
+    got: list[int] = []
+    async with anyio.create_task_group() as tg:
+
+        async def follow() -> None:
+            async for ev in runrow.tail(dsn, run.id, from_seq=3, schema=schema, poll=0.05):
+                got.append(ev.seq)
+
+        tg.start_soon(follow)
+        assert await manual.append(conn, schema, run.id, token, [(4, "x", {})])
+        await wait_for(lambda: got == [4], what="the next event after a cursor at the end")
+        assert await manual.finalize(conn, schema, run.id, token, "completed", 5)
+    assert got == [4, 5]
+    with anyio.fail_after(5), pytest.raises(runrow.InvalidInput, match="from_seq"):
+        async for _ in runrow.tail(dsn, run.id, from_seq=6, schema=schema):
+            pass
