@@ -49,8 +49,13 @@ class Subscription:
         self.channel = channel
         self._send, self._receive = anyio.create_memory_object_stream[str](buffer)
         self.dropped = 0
+        self.notified = 0
+        """How many notifications reached this subscription (``RECONNECTED`` wakes not
+        counted): a waiter can tell whether its channel's writers announce themselves."""
 
     def _push(self, payload: str) -> None:
+        if payload != RECONNECTED:
+            self.notified += 1
         try:
             self._send.send_nowait(payload)
         except anyio.WouldBlock:

@@ -354,9 +354,11 @@ async def tail(
     back as ``from_seq`` to resume: no gap, no duplicate), yields a keepalive after
     ``keepalive`` idle seconds, and ends after the terminal event. If the run ended
     without a journaled terminal event, one is synthesised from the run row. Without
-    a hub (or while it is down) it polls every ``poll`` seconds. Given a conninfo string,
-    it keeps one connection of its own; ``prepared_statements=False`` is for a conninfo
-    that points at a transaction-pooling pgbouncer.
+    a hub (or while it is down, or until the run's rows have come announced by a
+    notification, and again as soon as rows come unannounced) it polls every ``poll``
+    seconds. Given a conninfo string, it keeps one connection of its own;
+    ``prepared_statements=False`` is for a conninfo that points at a
+    transaction-pooling pgbouncer.
     """
     check_schema(schema)
     rid = parse_run_id(run_id)
@@ -376,7 +378,14 @@ async def tail(
         stack.push_async_callback(_close_all, conn_box)
         idle_since = anyio.current_time()
         backoff = poll
+        # Hints are trusted (an idle tail then waits for one, up to the keepalive) only
+        # while the rows it reads were announced: a hub that hears nothing for this run
+        # (journal_notify=False, a hub behind pgbouncer) must not stretch the polling.
+        trusted = False
+        heard = 0  # the subscription's notification count at the previous read
+        more = False  # the previous read filled a batch: this one is its continuation
         while True:
+            hints = sub.notified if sub is not None else 0
             try:
                 async with schema_guard(db, schema):
                     rows, state = await _read(
@@ -398,6 +407,9 @@ async def tail(
                         await db.check()  # weed out the pool's dead connections
                 rows, state = [], None
                 backoff = min(backoff * 2, keepalive)
+            if rows and not more:
+                trusted = hints != heard  # a hint came since the last read: announced
+            heard, more = hints, len(rows) == batch
             for seq, etype, payload in rows:
                 cursor = seq
                 yield Event(seq, etype, payload)
@@ -420,7 +432,7 @@ async def tail(
                 yield Event(cursor, KEEPALIVE)
                 idle_since = now
             wait = max(0.0, idle_since + keepalive - now)
-            if sub is None or hub is None or not hub.connected:
+            if sub is None or hub is None or not hub.connected or not trusted:
                 wait = min(wait, backoff)
             if sub is not None:
                 await sub.wait(wait)
