@@ -44,10 +44,12 @@ ORDER BY seq
 LIMIT %(limit)s
 
 -- name: run_terminal_state
--- The run's status, and whether its journal holds its ending (a trimmed one does not).
+-- The run's status, whether its journal holds its ending (a trimmed one does not), and
+-- its last seq (NULL once trimmed): a tail's cursor past it is refused.
 SELECT status, error,
        EXISTS (SELECT 1 FROM {schema}.run_event
-               WHERE run_id = %(run_id)s AND type = 'complete') AS journaled_end
+               WHERE run_id = %(run_id)s AND type = 'complete') AS journaled_end,
+       (SELECT max(seq) FROM {schema}.run_event WHERE run_id = %(run_id)s) AS last_seq
 FROM {schema}.agent_run WHERE id = %(run_id)s
 
 -- name: trim

@@ -356,7 +356,9 @@ async def tail(
     without a journaled terminal event, one is synthesised from the run row. Without
     a hub (or while it is down, or until the run's rows have come announced by a
     notification, and again as soon as rows come unannounced) it polls every ``poll``
-    seconds. Given a conninfo string, it keeps one connection of its own;
+    seconds. A ``from_seq`` past the last event of the run's journal raises
+    :class:`InvalidInput` (a trimmed journal ends with a synthesised event instead).
+    Given a conninfo string, it keeps one connection of its own;
     ``prepared_statements=False`` is for a conninfo that points at a
     transaction-pooling pgbouncer.
     """
@@ -419,6 +421,15 @@ async def tail(
                 idle_since = anyio.current_time()
                 if len(rows) == batch:
                     continue
+            elif state is not None and state[3] is not None and cursor > state[3]:
+                # Seq is gap-free and a tail yields only committed events: this cursor is
+                # not from this run's stream. Waiting would skip the events up to it
+                # silently, or end with nothing; the client should resume from its last
+                # seq (or 0) instead.
+                raise InvalidInput(
+                    "from_seq",
+                    f"{cursor} is past the end of run {rid}'s journal (its last seq is {state[3]})",
+                )
             elif state is not None and state[0] in TERMINAL:
                 if state[2]:
                     return  # resumed past the journaled ending: nothing is left to send
