@@ -21,12 +21,23 @@ FROM (SELECT DISTINCT run_id FROM ins) landed
 
 -- name: write_message
 -- A fenced transcript write by the claim holder, in the turn of the message it answers.
-INSERT INTO {schema}.message (conversation_id, run_id, role, content, status, turn)
-SELECT a.conversation_id, a.id, %(role)s, %(content)s, 'complete',
+-- The id comes from the worker, so a write whose answer was lost can be read back
+-- (message_landed); a retry of a write that had landed after all conflicts on it and
+-- writes nothing.
+INSERT INTO {schema}.message (id, conversation_id, run_id, role, content, status, turn)
+SELECT %(message_id)s, a.conversation_id, a.id, %(role)s, %(content)s, 'complete',
        (SELECT u.turn FROM {schema}.message u WHERE u.id = a.user_message_id)
 FROM {schema}.agent_run a
 WHERE a.id = %(run_id)s AND a.claim_token = %(claim_token)s AND a.status = 'running'
+ON CONFLICT (id) DO NOTHING
 RETURNING id
+
+-- name: message_landed
+-- After a transcript write failed without an answer (connection lost): did the message
+-- land, and does this worker still hold the claim? "Done", "retry" or "stand down".
+SELECT EXISTS (SELECT 1 FROM {schema}.message WHERE id = %(message_id)s) AS landed,
+       EXISTS (SELECT 1 FROM {schema}.agent_run
+               WHERE id = %(run_id)s AND claim_token = %(claim_token)s AND status = 'running') AS owned
 
 -- name: read_events
 SELECT seq, type, payload FROM {schema}.run_event
@@ -35,10 +46,12 @@ ORDER BY seq
 LIMIT %(limit)s
 
 -- name: run_terminal_state
--- The run's status, and whether its journal holds its ending (a trimmed one does not).
+-- The run's status, whether its journal holds its ending (a trimmed one does not), and
+-- its last seq (NULL once trimmed): a tail's cursor past it is refused.
 SELECT status, error,
        EXISTS (SELECT 1 FROM {schema}.run_event
-               WHERE run_id = %(run_id)s AND type = 'complete') AS journaled_end
+               WHERE run_id = %(run_id)s AND type = 'complete') AS journaled_end,
+       (SELECT max(seq) FROM {schema}.run_event WHERE run_id = %(run_id)s) AS last_seq
 FROM {schema}.agent_run WHERE id = %(run_id)s
 
 -- name: trim

@@ -55,6 +55,8 @@ async def append(
     run_id: uuid.UUID,
     token: uuid.UUID,
     events: list[tuple[int, str, dict[str, Any]]],
+    *,
+    notify: bool = True,
 ) -> bool:
     cur = await conn.execute(
         _sql.statement("append_events", schema),
@@ -72,7 +74,7 @@ async def append(
                 ]
             ),
             "events_prefix": Channels.for_schema(schema).events_prefix,
-            "notify": True,
+            "notify": notify,
         },
     )
     return bool(await cur.fetchall())

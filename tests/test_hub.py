@@ -10,6 +10,7 @@ from psycopg import sql
 import runrow
 from runrow.hub import RECONNECTED, check_channel
 
+from .chaos.proxy import Proxy
 from .helpers import wait_for
 
 pytestmark = pytest.mark.anyio
@@ -123,3 +124,47 @@ async def test_channels_with_awkward_names_are_quoted(dsn: str, conn: psycopg.As
         await conn.execute(sql.SQL("NOTIFY {}, 'ok'").format(sql.Identifier(name)))
         with anyio.fail_after(5):
             assert await sub.receive() == "ok"
+
+
+async def test_resubscribing_while_the_unlisten_is_in_flight_is_not_deaf(
+    dsn: str, conn: psycopg.AsyncConnection
+) -> None:
+    """An SSE client reconnects to the same run: its old subscription ends (the hub
+    UNLISTENs) and the new one starts on the same channel while that UNLISTEN is still
+    in flight. The hub reaches the server through a proxy that delays every chunk, and
+    the new subscription starts once the server has applied the UNLISTEN but before the
+    hub has its answer. The new subscriber must hear the channel's next notification."""
+    params = psycopg.conninfo.conninfo_to_dict(dsn)
+    host = str(params.get("host") or "127.0.0.1")
+    proxy = Proxy("127.0.0.1" if host.startswith("/") else host, int(params.get("port") or 5432))
+    channel = "hub_resubscribe"
+    async with anyio.create_task_group() as tg:
+        port = await proxy.start(tg)
+        proxied = psycopg.conninfo.make_conninfo(
+            dsn, host="127.0.0.1", port=port, sslmode="disable", gssencmode="disable"
+        )
+        async with runrow.NotifyHub(proxied) as hub:
+            async with hub.subscribe(channel) as old:
+                with anyio.fail_after(10):
+                    assert await old.receive() == RECONNECTED
+                proxy.delay = 0.3
+            # The old subscription is gone: the hub now UNLISTENs, slowly.
+
+            async def unlisten_applied_not_answered() -> bool:
+                cur = await conn.execute(
+                    "SELECT query FROM pg_stat_activity WHERE pid = %s", (hub.backend_pid,)
+                )
+                row = await cur.fetchone()
+                return row is not None and str(row[0]).startswith("UNLISTEN")
+
+            await wait_for(unlisten_applied_not_answered, interval=0.01, what="the UNLISTEN in flight")
+            async with hub.subscribe(channel) as new:
+                proxy.delay = 0
+                got: list[str] = []
+                with anyio.move_on_after(5):
+                    while "ping" not in got:
+                        await _notify(conn, channel, "ping")
+                        with anyio.move_on_after(0.2):
+                            got.append(await new.receive())
+                assert "ping" in got, "the resubscribed channel never heard its notification"
+        tg.cancel_scope.cancel()

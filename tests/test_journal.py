@@ -300,3 +300,109 @@ def test_event_types_are_short_identifiers() -> None:
     ):
         with pytest.raises(runrow.InvalidInput, match="type"):
             validate_event({"type": bad}, 100)
+
+
+async def test_a_tail_whose_hub_hears_nothing_polls(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    """The hub is connected, but the run's flushes announce nothing (journal_notify=False,
+    or a hub that hears another session than the writers'): the tail reads at its poll
+    interval, not once per keepalive."""
+    run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
+    (claimed,) = await manual.claim(conn, schema)
+    token = claimed["claim_token"]
+    got: list[int] = []
+    async with runrow.NotifyHub(dsn) as hub, anyio.create_task_group() as tg:
+        await wait_for(lambda: hub.connected, what="the hub connected")
+
+        async def follow() -> None:
+            async for ev in runrow.tail(dsn, run.id, schema=schema, hub=hub, poll=0.1, keepalive=15):
+                got.append(ev.seq)
+
+        tg.start_soon(follow)
+        await wait_for(lambda: got == [1, 2], what="catch-up")
+        for seq in (3, 4):
+            assert await manual.append(conn, schema, run.id, token, [(seq, "x", {})], notify=False)
+            # Well under the 15 s keepalive: the tail polls.
+            await wait_for(lambda s=seq: s in got, timeout=3, what=f"event {seq} without a notification")
+        assert await manual.finalize(conn, schema, run.id, token, "completed", 5)
+    assert got == [1, 2, 3, 4, 5]
+
+
+async def test_a_tail_whose_notifications_work_does_not_poll(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    """Once its run's flushes have announced themselves, an idle tail waits for the next
+    hint (or its keepalive) instead of reading every poll interval."""
+    from psycopg_pool import AsyncConnectionPool
+
+    run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
+    (claimed,) = await manual.claim(conn, schema)
+    token = claimed["claim_token"]
+    got: list[int] = []
+    keepalives = 0
+    async with (
+        AsyncConnectionPool(dsn, min_size=1, max_size=2, open=False, kwargs={"autocommit": True}) as pool,
+        runrow.NotifyHub(dsn) as hub,
+        anyio.create_task_group() as tg,
+    ):
+        await wait_for(lambda: hub.connected, what="the hub connected")
+
+        async def follow() -> None:
+            nonlocal keepalives
+            async for ev in runrow.tail(pool, run.id, schema=schema, hub=hub, poll=0.05, keepalive=1.0):
+                if ev.keepalive:
+                    keepalives += 1
+                else:
+                    got.append(ev.seq)
+
+        tg.start_soon(follow)
+        await wait_for(lambda: got == [1, 2], what="catch-up")
+        for seq in (3, 4, 5):
+            assert await manual.append(conn, schema, run.id, token, [(seq, "x", {})])
+            await wait_for(lambda s=seq: s in got, timeout=3, what=f"event {seq}")
+        pool.pop_stats()
+        before = keepalives
+        # A second of idleness (the keepalive) at a 0.05 s poll would be about 20 reads.
+        await wait_for(lambda: keepalives > before, timeout=5, what="an idle keepalive")
+        reads = pool.pop_stats().get("requests_num", 0)
+        assert reads <= 2, f"{reads} reads in one idle keepalive: the tail polls although hints work"
+        assert await manual.append(conn, schema, run.id, token, [(6, "x", {})])
+        await wait_for(lambda: 6 in got, timeout=3, what="event 6, announced")
+        assert await manual.finalize(conn, schema, run.id, token, "completed", 7)
+    assert got == [1, 2, 3, 4, 5, 6, 7]
+
+
+async def test_a_cursor_past_the_end_of_the_journal_is_refused(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    """A cursor past the last event of a run's journal cannot come from this run's
+    stream (seq is gap-free and a tail yields only committed events): waiting would
+    silently skip the events up to it, or hang until the run ends and then yield
+    nothing. The tail refuses it at once, for a running and for a finished run; a
+    cursor at the end is a normal resume."""
+    run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
+    (claimed,) = await manual.claim(conn, schema)
+    token = claimed["claim_token"]
+    assert await manual.append(conn, schema, run.id, token, [(3, "x", {})])
+    with anyio.fail_after(5), pytest.raises(runrow.InvalidInput, match="from_seq"):
+        async for _ in runrow.tail(dsn, run.id, from_seq=10, schema=schema, poll=0.05):
+            pass
+    with anyio.fail_after(5), pytest.raises(runrow.InvalidInput, match="from_seq"):
+        async for _ in runrow.tail(dsn, run.id, from_seq=4, schema=schema, poll=0.05):
+            pass
+    got: list[int] = []
+    async with anyio.create_task_group() as tg:
+
+        async def follow() -> None:
+            async for ev in runrow.tail(dsn, run.id, from_seq=3, schema=schema, poll=0.05):
+                got.append(ev.seq)
+
+        tg.start_soon(follow)
+        assert await manual.append(conn, schema, run.id, token, [(4, "x", {})])
+        await wait_for(lambda: got == [4], what="the next event after a cursor at the end")
+        assert await manual.finalize(conn, schema, run.id, token, "completed", 5)
+    assert got == [4, 5]
+    with anyio.fail_after(5), pytest.raises(runrow.InvalidInput, match="from_seq"):
+        async for _ in runrow.tail(dsn, run.id, from_seq=6, schema=schema):
+            pass

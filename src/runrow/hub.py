@@ -49,8 +49,13 @@ class Subscription:
         self.channel = channel
         self._send, self._receive = anyio.create_memory_object_stream[str](buffer)
         self.dropped = 0
+        self.notified = 0
+        """How many notifications reached this subscription (``RECONNECTED`` wakes not
+        counted): a waiter can tell whether its channel's writers announce themselves."""
 
     def _push(self, payload: str) -> None:
+        if payload != RECONNECTED:
+            self.notified += 1
         try:
             self._send.send_nowait(payload)
         except anyio.WouldBlock:
@@ -173,8 +178,12 @@ class NotifyHub:
         check_channel(channel)
         sub = Subscription(channel, self.buffer)
         peers = self._subs.setdefault(channel, set())
+        first = not peers
         peers.add(sub)
-        if channel not in self._listening:
+        # The first subscriber always asks for a sync: the channel may still look
+        # listened while its last subscriber's UNLISTEN is in flight (an SSE client
+        # reconnecting to the same run), and would then be dropped after the UNLISTEN.
+        if first or channel not in self._listening:
             self._kick()
         try:
             yield sub

@@ -219,9 +219,14 @@ class JournalWriter:
         if _aio.now() - self._pending_since >= self._interval:
             await self.flush()
 
-    def answer_taken(self) -> None:
-        """The agent wrote its answer to the transcript: nothing partial to keep."""
-        self._answer.clear()
+    def answer_mark(self) -> int:
+        """A mark of the streamed answer text so far, for :meth:`answer_taken`."""
+        return len(self._answer)
+
+    def answer_taken(self, upto: int | None = None) -> None:
+        """The agent wrote its answer to the transcript: the text streamed before the
+        mark ``upto`` (default: all of it) is no partial answer to keep."""
+        del self._answer[: len(self._answer) if upto is None else upto]
 
     @property
     def answer_text(self) -> str | None:
@@ -371,9 +376,13 @@ async def tail(
     back as ``from_seq`` to resume: no gap, no duplicate), yields a keepalive after
     ``keepalive`` idle seconds, and ends after the terminal event. If the run ended
     without a journaled terminal event, one is synthesised from the run row. Without
-    a hub (or while it is down) it polls every ``poll`` seconds. Given a conninfo string,
-    it keeps one connection of its own; ``prepared_statements=False`` is for a conninfo
-    that points at a transaction-pooling pgbouncer.
+    a hub (or while it is down, or until the run's rows have come announced by a
+    notification, and again as soon as rows come unannounced) it polls every ``poll``
+    seconds. A ``from_seq`` past the last event of the run's journal raises
+    :class:`InvalidInput` (a trimmed journal ends with a synthesised event instead).
+    Given a conninfo string, it keeps one connection of its own;
+    ``prepared_statements=False`` is for a conninfo that points at a
+    transaction-pooling pgbouncer.
     """
     check_schema(schema)
     rid = parse_run_id(run_id)
@@ -393,7 +402,14 @@ async def tail(
         stack.push_async_callback(_close_all, conn_box)
         idle_since = anyio.current_time()
         backoff = poll
+        # Hints are trusted (an idle tail then waits for one, up to the keepalive) only
+        # while the rows it reads were announced: a hub that hears nothing for this run
+        # (journal_notify=False, a hub behind pgbouncer) must not stretch the polling.
+        trusted = False
+        heard = 0  # the subscription's notification count at the previous read
+        more = False  # the previous read filled a batch: this one is its continuation
         while True:
+            hints = sub.notified if sub is not None else 0
             try:
                 async with schema_guard(db, schema):
                     rows, state = await _read(
@@ -415,6 +431,9 @@ async def tail(
                         await db.check()  # weed out the pool's dead connections
                 rows, state = [], None
                 backoff = min(backoff * 2, keepalive)
+            if rows and not more:
+                trusted = hints != heard  # a hint came since the last read: announced
+            heard, more = hints, len(rows) == batch
             for seq, etype, payload in rows:
                 cursor = seq
                 yield Event(seq, etype, payload)
@@ -424,6 +443,15 @@ async def tail(
                 idle_since = anyio.current_time()
                 if len(rows) == batch:
                     continue
+            elif state is not None and state[3] is not None and cursor > state[3]:
+                # Seq is gap-free and a tail yields only committed events: this cursor is
+                # not from this run's stream. Waiting would skip the events up to it
+                # silently, or end with nothing; the client should resume from its last
+                # seq (or 0) instead.
+                raise InvalidInput(
+                    "from_seq",
+                    f"{cursor} is past the end of run {rid}'s journal (its last seq is {state[3]})",
+                )
             elif state is not None and state[0] in TERMINAL:
                 if state[2]:
                     return  # resumed past the journaled ending: nothing is left to send
@@ -437,7 +465,7 @@ async def tail(
                 yield Event(cursor, KEEPALIVE)
                 idle_since = now
             wait = max(0.0, idle_since + keepalive - now)
-            if sub is None or hub is None or not hub.connected:
+            if sub is None or hub is None or not hub.connected or not trusted:
                 wait = min(wait, backoff)
             if sub is not None:
                 await sub.wait(wait)

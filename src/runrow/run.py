@@ -2,22 +2,31 @@
 
 from __future__ import annotations
 
+import logging
+import uuid
 from typing import TYPE_CHECKING, Any, Protocol
 
+import anyio
+import psycopg
+
 from . import _json, _sql
-from ._db import execute, statement_conn
+from ._db import describe, execute, statement_conn
 from ._models import Message
 from .errors import InvalidInput, LeaseLost
 from .journal import CONTENT_DELTA, JournalWriter
 
 if TYPE_CHECKING:
-    import uuid
     from collections.abc import Awaitable, Mapping
     from datetime import datetime
 
     from .dispatcher import Dispatcher
 
 __all__ = ["Agent", "RunContext"]
+
+log = logging.getLogger("runrow.run")
+
+# Failures that leave a write's outcome unknown: read it back before retrying.
+_TRANSIENT = (psycopg.OperationalError, psycopg.InterfaceError, TimeoutError)
 
 
 class RunContext:
@@ -77,24 +86,88 @@ class RunContext:
         """Appends a message to the conversation's durable transcript (fenced).
 
         Text streamed so far counts as written: it will not also be saved as a
-        partial answer if the run is then cut short.
+        partial answer if the run is then cut short. A stop arriving meanwhile takes
+        effect at the agent's next ``await``, once the write is known to have landed
+        or not. If the connection fails without an answer, the write is read back
+        (its id is made here) and retried only if it did not land; a write whose
+        outcome stays unknown past the retry budget (half the lease) raises the
+        connection error.
         """
         if role not in ("assistant", "tool", "system"):
             raise InvalidInput("role", "must be 'assistant', 'tool' or 'system'")
         body = _json.dumps(content, "content", self._dispatcher.max_event_bytes)
         await self._journal.flush()
-        async with statement_conn(self._dispatcher.pool) as conn:
-            cur = await execute(
-                conn,
-                _sql.statement("write_message", self._dispatcher.schema),
-                {"run_id": self.run_id, "claim_token": self._claim_token, "role": role, "content": body},
+        message_id = uuid.uuid4()
+        mark = self._journal.answer_mark()
+        # Shielded: a stop cutting the write short would leave its outcome unknown, and
+        # the ending would then save the streamed text again as a partial answer.
+        with anyio.CancelScope(shield=True):
+            landed = await self._write_resolving(
+                {
+                    "message_id": message_id,
+                    "run_id": self.run_id,
+                    "claim_token": self._claim_token,
+                    "role": role,
+                    "content": body,
+                }
             )
-            row = await cur.fetchone()
-        if row is None:
+            if landed:
+                self._journal.answer_taken(mark)
+        if not landed:
             self._dispatcher._lost(self.run_id)
             raise LeaseLost(self.run_id)
-        self._journal.answer_taken()
-        return row[0]  # type: ignore[no-any-return]
+        return message_id
+
+    async def _write_resolving(self, params: dict[str, Any]) -> bool:
+        """The fenced write; after a failure without an answer (a cut connection, a
+        database restart), reads back whether the message landed and retries only if
+        it did not. False: the claim is no longer this worker's."""
+        schema = self._dispatcher.schema
+        budget = self._dispatcher.lease / 2
+        deadline = anyio.current_time() + budget
+        delay = 0.05
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                with anyio.fail_after(max(deadline - anyio.current_time(), delay)):
+                    async with statement_conn(self._dispatcher.pool) as conn:
+                        cur = await execute(conn, _sql.statement("write_message", schema), params)
+                        row = await cur.fetchone()
+                if row is not None:
+                    return True
+                if attempt == 1:
+                    return False  # the fence matched nothing (a fresh id cannot conflict)
+                # A retry wrote nothing: the fence, or an earlier attempt that landed
+                # after all (its id conflicts). The read-back below tells which.
+            except _TRANSIENT as exc:
+                if anyio.current_time() + delay > deadline:
+                    raise
+                self._dispatcher._db_trouble()
+                log.info(
+                    "transcript write of run %s failed (%s); checking whether it landed",
+                    self.run_id,
+                    describe(exc),
+                    extra={"run_id": str(self.run_id)},
+                )
+            while True:
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                try:
+                    with anyio.fail_after(max(deadline - anyio.current_time(), delay)):
+                        async with statement_conn(self._dispatcher.pool) as conn:
+                            cur = await execute(conn, _sql.statement("message_landed", schema), params)
+                            got = await cur.fetchone()
+                    assert got is not None
+                    landed, owned = bool(got[0]), bool(got[1])
+                    break
+                except _TRANSIENT:
+                    if anyio.current_time() + delay > deadline:
+                        raise
+            if landed:
+                return True
+            if not owned:
+                return False
 
     async def transcript(self) -> list[Message]:
         """The conversation up to and including this run's turn (drafts excluded), in turn order.
