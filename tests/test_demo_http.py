@@ -71,6 +71,24 @@ async def test_idempotency_key_returns_the_first_run(dsn: str, schema: str) -> N
         assert len(conv["turns"]) == 2
 
 
+async def test_idempotency_key_reused_for_another_message_answers_409(dsn: str, schema: str) -> None:
+    async with serve_demo(dsn, schema, workers=0) as base, httpx.AsyncClient(base_url=base) as client:
+        key = {**ALICE, "Idempotency-Key": "send-7"}
+        first = await _post(client, "conv-i", "once", key)
+        for cid, content in (("conv-i", "a different message"), ("conv-j", "once")):
+            resp = await client.post(
+                f"/v1/conversations/{cid}/messages", json={"content": content}, headers=key
+            )
+            assert resp.status_code == 409, resp.text
+            error = resp.json()["error"]
+            assert error["code"] == "idempotency_conflict"
+            assert "send-7" in error["message"] and error["run_id"] == first["run_id"]
+        conv = (await client.get("/v1/conversations/conv-i", headers=ALICE)).json()
+        assert [t["user_message"] for t in conv["turns"]] == ["once"]
+        # The refused post to a new conversation did not claim it.
+        assert (await client.get("/v1/conversations/conv-j", headers=ALICE)).status_code == 404
+
+
 async def test_sse_stream_and_resume_from_query_and_last_event_id(dsn: str, schema: str) -> None:
     async with serve_demo(dsn, schema) as base, httpx.AsyncClient(base_url=base) as client:
         run_id = (await _post(client, "conv-s", "stream me"))["run_id"]

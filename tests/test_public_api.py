@@ -15,6 +15,7 @@ EXPECTED = {
     "Draft",
     "DrainReport",
     "Event",
+    "IdempotencyConflict",
     "InvalidInput",
     "LeaseLost",
     "Message",
@@ -67,6 +68,7 @@ def test_errors_share_one_base() -> None:
     for name in (
         "ConfigurationError",
         "ConversationBusy",
+        "IdempotencyConflict",
         "InvalidInput",
         "LeaseLost",
         "Overloaded",
