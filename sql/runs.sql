@@ -80,9 +80,18 @@ WHERE finished_at IS NOT NULL
   AND finished_at > coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(window_seconds)s)
 
 -- name: find_idempotent
-SELECT id, status, conversation_id, user_message_id, created_at
-FROM {schema}.agent_run
-WHERE user_id = %(user_id)s AND idempotency_key = %(idempotency_key)s
+-- The run a user's idempotency key already names, and which parts of the turn it recorded
+-- differ from this enqueue's (the turn's inputs the agent gets: conversation, tenant,
+-- content and request; JSON compared as jsonb, by value). A trimmed run's request
+-- snapshot is gone, so it is not compared.
+SELECT a.id, a.status, a.conversation_id, a.user_message_id, a.created_at,
+       a.conversation_id IS DISTINCT FROM %(conversation_id)s::text AS other_conversation,
+       a.tenant_id IS DISTINCT FROM %(tenant_id)s::text AS other_tenant,
+       m.content IS DISTINCT FROM %(content)s::jsonb AS other_content,
+       NOT a.journal_trimmed AND a.request IS DISTINCT FROM %(request)s::jsonb AS other_request
+FROM {schema}.agent_run a
+JOIN {schema}.message m ON m.id = a.user_message_id
+WHERE a.user_id = %(user_id)s AND a.idempotency_key = %(idempotency_key)s
 
 -- name: claim
 -- (Claim times use clock_timestamp(), read after the statement's snapshot, not now(), the

@@ -11,6 +11,7 @@ from .enqueue import enqueue, retry_run
 from .errors import (
     ConfigurationError,
     ConversationBusy,
+    IdempotencyConflict,
     InvalidInput,
     LeaseLost,
     Overloaded,
@@ -37,6 +38,7 @@ __all__ = [
     "Draft",
     "DrainReport",
     "Event",
+    "IdempotencyConflict",
     "InvalidInput",
     "LeaseLost",
     "Message",

@@ -5,6 +5,7 @@ from __future__ import annotations
 __all__ = [
     "ConfigurationError",
     "ConversationBusy",
+    "IdempotencyConflict",
     "InvalidInput",
     "LeaseLost",
     "Overloaded",
@@ -107,3 +108,24 @@ class ConversationBusy(RunrowError):
     def __init__(self, conversation_id: str) -> None:
         super().__init__(f"conversation {conversation_id!r} already has an active turn")
         self.conversation_id = conversation_id
+
+
+class IdempotencyConflict(RunrowError):
+    """:func:`runrow.enqueue` got an ``idempotency_key`` the user already used for a
+    different turn. Nothing was written: the new message is refused, not dropped.
+
+    A repeat is the same turn when its conversation, tenant, content and request equal
+    the first's (JSON by value); the scheduling options may differ. ``run_id`` is the run
+    the key already names and ``fields`` the arguments that differ (a subset of
+    ``"conversation_id"``, ``"tenant_id"``, ``"content"``, ``"request"``). Fit for an
+    HTTP 409.
+    """
+
+    def __init__(self, idempotency_key: str, run_id: object, fields: tuple[str, ...]) -> None:
+        super().__init__(
+            f"idempotency key {idempotency_key!r} was already used for run {run_id!s}, "
+            f"a different turn ({', '.join(fields)} differ); use a new key for a new message"
+        )
+        self.idempotency_key = idempotency_key
+        self.run_id = run_id
+        self.fields = fields
