@@ -57,6 +57,11 @@ async def test_post_message_202_run_completes_with_tool_call(dsn: str, schema: s
         types = [e.event for e in events]
         assert types[:4] == ["user_message_created", "run_queued", "tool_call_started", "tool_call_finished"]
         assert types[-1] == "complete" and events[-1].data["status"] == "completed"
+        # The documented tool vocabulary: one tool_call_id and name across start and finish.
+        started, finished = events[2].data, events[3].data
+        assert started["name"] == finished["name"] == "save_note"
+        assert started["tool_call_id"] == finished["tool_call_id"]
+        assert started["arguments"] == {"text": "hello runrow"} and finished["result"]["note_id"]
 
 
 async def test_idempotency_key_returns_the_first_run(dsn: str, schema: str) -> None:
