@@ -29,6 +29,7 @@ EXPECTED = {
     "RunInfo",
     "RunNotFound",
     "RunStatus",
+    "RunTrimmed",
     "RunrowError",
     "SchemaOutOfDate",
     "StopResult",
@@ -73,6 +74,7 @@ def test_errors_share_one_base() -> None:
         "LeaseLost",
         "Overloaded",
         "RunNotFound",
+        "RunTrimmed",
         "SchemaOutOfDate",
     ):
         assert issubclass(getattr(runrow, name), runrow.RunrowError)
