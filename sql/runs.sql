@@ -417,11 +417,13 @@ FROM fin
 
 -- name: retry
 -- A new run for the same user message, linked to the failed or cancelled one. At most
--- one retry per run (unique index on retry_of): a second call returns nothing here.
+-- one retry per run (unique index on retry_of): a second call returns nothing here. A
+-- trimmed run is not retried: trim deleted its request snapshot (and sets the flag in
+-- the same write, so this snapshot sees both or neither).
 WITH src AS (
     SELECT id, conversation_id, user_id, tenant_id, user_message_id, request, priority
     FROM {schema}.agent_run
-    WHERE id = %(run_id)s AND status IN ('failed', 'cancelled')
+    WHERE id = %(run_id)s AND status IN ('failed', 'cancelled') AND NOT journal_trimmed
 ), run AS (
     -- The retry keeps the priority; it is due at once and has no deadline.
     INSERT INTO {schema}.agent_run
@@ -445,6 +447,10 @@ FROM run
 -- name: find_retry
 SELECT id, status, conversation_id, user_message_id, created_at
 FROM {schema}.agent_run WHERE retry_of = %(run_id)s
+
+-- name: retry_source
+-- Why a run was not retried: its status, and whether trim deleted its request.
+SELECT status, journal_trimmed FROM {schema}.agent_run WHERE id = %(run_id)s
 
 -- name: get_run
 SELECT id, conversation_id, user_id, tenant_id, status, request, idempotency_key, retry_of,

@@ -17,6 +17,7 @@ from .errors import (
     Overloaded,
     RunNotFound,
     RunrowError,
+    RunTrimmed,
     SchemaOutOfDate,
 )
 from .hub import NotifyHub
@@ -52,6 +53,7 @@ __all__ = [
     "RunInfo",
     "RunNotFound",
     "RunStatus",
+    "RunTrimmed",
     "RunrowError",
     "SchemaOutOfDate",
     "StopResult",

@@ -18,6 +18,7 @@ from .errors import (
     Overloaded,
     RunNotFound,
     RunrowError,
+    RunTrimmed,
 )
 
 if TYPE_CHECKING:
@@ -245,8 +246,9 @@ async def retry_run(db: Database, run_id: uuid.UUID | str, *, schema: str = DEFA
 
     runrow never re-runs anything by itself (at-most-once); this is the button a person
     presses. A run is retried at most once: repeating the call returns the same retry
-    (``created=False``). Raises :class:`RunNotFound`, or :class:`InvalidInput` when the
-    run is not failed or cancelled.
+    (``created=False``). Raises :class:`RunNotFound`, :class:`InvalidInput` when the
+    run is not failed or cancelled, or :class:`RunTrimmed` (an ``InvalidInput``) when
+    :func:`~runrow.trim` has deleted its request snapshot: a retry never runs without it.
     """
     check_schema(schema)
     rid = parse_run_id(run_id)
@@ -260,11 +262,16 @@ async def retry_run(db: Database, run_id: uuid.UUID | str, *, schema: str = DEFA
         found = await cur.fetchone()
         if found is not None:
             return Run(found[0], found[1], found[2], found[3], found[4], created=False)
-        cur = await conn.execute(_sql.statement("get_run", schema), {"run_id": rid})
+        cur = await conn.execute(_sql.statement("retry_source", schema), {"run_id": rid})
         original = await cur.fetchone()
     if original is None:
         raise RunNotFound(rid)
-    raise InvalidInput("run_id", f"run {rid} is {original[4]}; only failed or cancelled runs retry")
+    status, trimmed = original
+    if status not in ("failed", "cancelled"):
+        raise InvalidInput("run_id", f"run {rid} is {status}; only failed or cancelled runs retry")
+    if trimmed:
+        raise RunTrimmed(rid)
+    raise RunrowError(f"run {rid} was not retried")  # pragma: no cover - retry matched it
 
 
 def parse_run_id(run_id: uuid.UUID | str) -> uuid.UUID:

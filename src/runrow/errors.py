@@ -10,6 +10,7 @@ __all__ = [
     "LeaseLost",
     "Overloaded",
     "RunNotFound",
+    "RunTrimmed",
     "RunrowError",
     "SchemaOutOfDate",
 ]
@@ -66,6 +67,21 @@ class RunNotFound(RunrowError, LookupError):
 
     def __init__(self, run_id: object) -> None:
         super().__init__(f"no run with id {run_id!s}")
+        self.run_id = run_id
+
+
+class RunTrimmed(InvalidInput):
+    """:func:`runrow.retry_run` refused a run that retention (:func:`runrow.trim`) has
+    trimmed: its request snapshot is deleted, and a retry must not run without it.
+    Nothing was written. Enqueue the message as a new turn instead.
+    """
+
+    def __init__(self, run_id: object) -> None:
+        super().__init__(
+            "run_id",
+            f"run {run_id!s} was trimmed by retention, which deleted its request snapshot; "
+            "it cannot be retried (enqueue the message as a new turn)",
+        )
         self.run_id = run_id
 
 
