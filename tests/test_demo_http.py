@@ -184,6 +184,8 @@ async def test_another_users_ids_answer_404_everywhere(dsn: str, schema: str) ->
         (b'{"content": "' + b"x" * 200_000 + b'"}', {}, 413),  # over the body limit
         (b'{"content": "hi"}', {"Idempotency-Key": "k" * 300}, 400),
         (b"\xff\xfe", {}, 400),
+        (b'{"content": "hi", "x": ' + b"[" * 20_000 + b"]" * 20_000 + b"}", {}, 400),  # too deep
+        (b'{"content": "lone \\ud800 surrogate"}', {}, 422),
     ],
 )
 async def test_malformed_messages_answer_4xx_json(

@@ -270,6 +270,13 @@ class Opaque:
     pass
 
 
+def nested(depth: int) -> list[object]:
+    value: list[object] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
 BAD_INPUTS = [
     ({"content": Opaque()}, "content"),
     ({"content": {"x": {1, 2}}}, "content"),
@@ -287,6 +294,15 @@ BAD_INPUTS = [
     ({"tenant_id": ""}, "tenant_id"),
     ({"idempotency_key": ""}, "idempotency_key"),
     ({"idempotency_key": "k" * 1000}, "idempotency_key"),
+    ({"content": nested(100_000)}, "content"),
+    ({"content": {"a": nested(5_000)}}, "content"),
+    ({"request": nested(100_000)}, "request"),
+    ({"conversation_id": "c\ud800"}, "conversation_id"),
+    ({"user_id": "\udfffu"}, "user_id"),
+    ({"tenant_id": "t\ud800"}, "tenant_id"),
+    ({"idempotency_key": "k\udc80"}, "idempotency_key"),
+    ({"max_queued_per_tenant": 2**31}, "max_queued_per_tenant"),
+    ({"max_queued_per_conversation": 2**63}, "max_queued_per_conversation"),
 ]
 
 
