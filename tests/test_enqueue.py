@@ -320,6 +320,35 @@ async def test_bad_input_is_typed_and_writes_nothing(
     assert await counts(conn, schema) == {"message": 0, "agent_run": 0, "run_event": 0}
 
 
+async def test_json_nested_deeper_than_a_worker_reads_back_is_refused(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    """Python writes JSON deeper than a worker's claim can decode (about 950 levels with the
+    default recursion limit): such content would crash the claim loop of every worker that
+    took it. The limit (256 levels) is refused at enqueue; content at the limit runs."""
+    with pytest.raises(runrow.InvalidInput, match="nested") as info:
+        await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content=nested(900))
+    assert info.value.field == "content"
+    with pytest.raises(runrow.InvalidInput, match="nested"):
+        await runrow.enqueue(
+            dsn, schema=schema, conversation_id="c", user_id="u", content="x", request={"a": nested(256)}
+        )
+    assert await counts(conn, schema) == {"message": 0, "agent_run": 0, "run_event": 0}
+    deepest = {"a": nested(255)}  # 256 levels: the object, then 255 arrays
+    run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content=deepest)
+
+    async def echo(ctx: runrow.RunContext) -> None:
+        await ctx.write_message(ctx.content)
+
+    async with runrow.Dispatcher(dsn, echo, schema=schema, poll=0.2):
+
+        async def done() -> bool:
+            return (await runrow.get_run(dsn, run.id, schema=schema)).status == "completed"
+
+        await wait_for(done, timeout=20, what="the deepest content to run")
+    assert [m.content for m in await runrow.transcript(dsn, "c", schema=schema)] == [deepest, deepest]
+
+
 async def test_escaped_backslash_u0000_text_is_not_a_nul(
     dsn: str, schema: str, conn: psycopg.AsyncConnection
 ) -> None:

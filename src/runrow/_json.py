@@ -18,6 +18,8 @@ def dumps(value: Any, field: str, max_bytes: int | None = None) -> str:
         text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError) as exc:
         raise InvalidInput(field, f"must be JSON-serialisable ({exc})") from None
+    except RecursionError:
+        raise InvalidInput(field, "is nested too deeply to serialise as JSON") from None
     if "\\u0000" in text and _NUL.search(text):
         raise InvalidInput(field, "must not contain NUL characters (\\u0000); jsonb rejects them")
     try:
@@ -30,7 +32,7 @@ def dumps(value: Any, field: str, max_bytes: int | None = None) -> str:
 
 
 def check_id(value: object, field: str, *, optional: bool = False, max_len: int = 256) -> None:
-    """Host ids (conversation, user, tenant, keys) are non-empty text without NUL."""
+    """Host ids (conversation, user, tenant, keys) are non-empty UTF-8 text without NUL."""
     if value is None and optional:
         return
     if not isinstance(value, str):
@@ -39,5 +41,10 @@ def check_id(value: object, field: str, *, optional: bool = False, max_len: int 
         raise InvalidInput(field, "must not be empty")
     if "\x00" in value:
         raise InvalidInput(field, "must not contain NUL characters")
+    if not value.isascii():
+        try:
+            value.encode()
+        except UnicodeEncodeError:  # the database takes UTF-8 only
+            raise InvalidInput(field, "must be valid Unicode text (it holds a lone surrogate)") from None
     if len(value) > max_len:
         raise InvalidInput(field, f"must be at most {max_len} characters")

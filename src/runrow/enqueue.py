@@ -107,8 +107,10 @@ async def enqueue(
         ("max_queued_per_tenant", max_queued_per_tenant),
         ("max_queued_per_conversation", max_queued_per_conversation),
     ):
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-            raise InvalidInput(name, "must be a non-negative integer or None")
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit < 2**31
+        ):  # (the gate counts in a 32-bit integer)
+            raise InvalidInput(name, "must be a non-negative integer below 2**31, or None")
     not_before_at, not_before_in = _when(not_before, "not_before")
     deadline_at, deadline_in = _when(deadline, "deadline")
     params = {

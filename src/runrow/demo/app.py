@@ -268,6 +268,8 @@ class _Api:
             data = json.loads(body)
         except (ValueError, UnicodeDecodeError):
             raise ApiError(400, "bad_json", "the body must be a JSON object") from None
+        except RecursionError:  # deep nesting, within the size limit
+            raise ApiError(400, "bad_json", "the body is nested too deeply") from None
         if not isinstance(data, dict):
             raise ApiError(400, "bad_json", "the body must be a JSON object")
         return data
