@@ -334,7 +334,7 @@ async def test_json_nested_deeper_than_a_worker_reads_back_is_refused(
             dsn, schema=schema, conversation_id="c", user_id="u", content="x", request={"a": nested(256)}
         )
     assert await counts(conn, schema) == {"message": 0, "agent_run": 0, "run_event": 0}
-    deepest = {"a": nested(255)}  # 256 levels: the object, then 255 arrays
+    deepest = {"a": nested(254)}  # 256 levels: the object, then 255 arrays (nested(n) has n + 1)
     run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content=deepest)
 
     async def echo(ctx: runrow.RunContext) -> None:
