@@ -95,9 +95,18 @@ WHERE finished_at IS NOT NULL
   AND finished_at > coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(window_seconds)s)
 
 -- name: find_idempotent
-SELECT id, status, conversation_id, user_message_id, created_at
-FROM {schema}.agent_run
-WHERE user_id = %(user_id)s AND idempotency_key = %(idempotency_key)s
+-- The run a user's idempotency key already names, and which parts of the turn it recorded
+-- differ from this enqueue's (the turn's inputs the agent gets: conversation, tenant,
+-- content and request; JSON compared as jsonb, by value). A trimmed run's request
+-- snapshot is gone, so it is not compared.
+SELECT a.id, a.status, a.conversation_id, a.user_message_id, a.created_at,
+       a.conversation_id IS DISTINCT FROM %(conversation_id)s::text AS other_conversation,
+       a.tenant_id IS DISTINCT FROM %(tenant_id)s::text AS other_tenant,
+       m.content IS DISTINCT FROM %(content)s::jsonb AS other_content,
+       NOT a.journal_trimmed AND a.request IS DISTINCT FROM %(request)s::jsonb AS other_request
+FROM {schema}.agent_run a
+JOIN {schema}.message m ON m.id = a.user_message_id
+WHERE a.user_id = %(user_id)s AND a.idempotency_key = %(idempotency_key)s
 
 -- name: claim
 -- (Claim times use clock_timestamp(), read after the statement's snapshot, not now(), the
@@ -457,12 +466,14 @@ FROM fin
 -- A new run for the same user message, linked to the failed or cancelled one. At most
 -- one retry per run (unique index on retry_of): a second call returns nothing here.
 -- Like enqueue, it takes the conversation's advisory lock before its queue_order is
--- drawn, so the conversation's runs queue in commit order (see enqueue).
+-- drawn, so the conversation's runs queue in commit order (see enqueue). A trimmed run
+-- is not retried: trim deleted its request snapshot (and sets the flag in the same
+-- write, so this snapshot sees both or neither).
 WITH src AS (
     SELECT id, conversation_id, user_id, tenant_id, user_message_id, request, priority,
            pg_advisory_xact_lock(hashtextextended(%(conversation_lock_prefix)s::text || conversation_id, 0))
     FROM {schema}.agent_run
-    WHERE id = %(run_id)s AND status IN ('failed', 'cancelled')
+    WHERE id = %(run_id)s AND status IN ('failed', 'cancelled') AND NOT journal_trimmed
 ), run AS (
     -- The retry keeps the priority; it is due at once and has no deadline.
     INSERT INTO {schema}.agent_run
@@ -486,6 +497,10 @@ FROM run
 -- name: find_retry
 SELECT id, status, conversation_id, user_message_id, created_at
 FROM {schema}.agent_run WHERE retry_of = %(run_id)s
+
+-- name: retry_source
+-- Why a run was not retried: its status, and whether trim deleted its request.
+SELECT status, journal_trimmed FROM {schema}.agent_run WHERE id = %(run_id)s
 
 -- name: get_run
 SELECT id, conversation_id, user_id, tenant_id, status, request, idempotency_key, retry_of,

@@ -14,6 +14,7 @@ import psycopg
 from psycopg import sql
 
 import runrow
+from runrow.demo.agent import DemoAgent
 
 SIDE_EFFECT_DDL = """
 CREATE TABLE IF NOT EXISTS {t} (
@@ -74,3 +75,7 @@ async def slow_agent(run: runrow.RunContext) -> None:
     await anyio.sleep(float(os.environ.get("RUNROW_TEST_SLEEP", "1.0")))
     await run.write_message("slow answer")
     await record(run, "end")
+
+
+demo_agent = DemoAgent()
+"""The demo's agent (save_note tool), configured by DATABASE_URL and RUNROW_DEMO_SCHEMA."""

@@ -69,6 +69,31 @@ async def test_a_repeat_of_an_accepted_key_is_not_shed(dsn: str, schema: str) ->
         await enqueue_turn(dsn, schema, "c", idempotency_key="k2", max_queued_per_conversation=1)
 
 
+@pytest.mark.parametrize(
+    "gate",
+    [{"max_queued_per_conversation": 1}, {"on_busy": "reject"}, {"on_busy": "interrupt"}],
+    ids=["limit", "reject", "interrupt"],
+)
+async def test_a_reused_key_for_another_message_is_a_conflict_under_a_gate(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection, gate: dict[str, object]
+) -> None:
+    first = await enqueue_turn(dsn, schema, "c", idempotency_key="k1", **gate)
+    before = await counts(conn, schema)
+    with pytest.raises(runrow.IdempotencyConflict) as info:
+        await runrow.enqueue(
+            dsn,
+            schema=schema,
+            conversation_id="c",
+            user_id="u",
+            content="other",
+            idempotency_key="k1",
+            **gate,  # type: ignore[arg-type]
+        )
+    assert info.value.run_id == first.id and info.value.fields == ("content",)
+    assert await counts(conn, schema) == before
+    assert (await runrow.get_run(dsn, first.id, schema=schema)).status == "queued"  # nothing stopped
+
+
 async def test_the_limit_holds_exactly_under_concurrent_enqueues(
     dsn: str, schema: str, conn: psycopg.AsyncConnection
 ) -> None:

@@ -124,6 +124,9 @@ async def test_reload_mid_answer_resumes_without_gap_or_duplicate(page: Any, dsn
         assert saved["text"] == expected
         # The tool's note is listed once the run is done.
         await _wait_for(page, "() => document.querySelectorAll('#notes li').length === 1")
+        # The page reads the tool events' documented fields (tool_call_id, name).
+        tools = await page.evaluate("() => document.querySelector('.turn .tools').textContent")
+        assert tools.startswith("✓ save_note("), tools
 
 
 async def test_stop_cancels_the_run_and_returns_the_queued_draft(page: Any, dsn: str, schema: str) -> None:

@@ -57,6 +57,11 @@ async def test_post_message_202_run_completes_with_tool_call(dsn: str, schema: s
         types = [e.event for e in events]
         assert types[:4] == ["user_message_created", "run_queued", "tool_call_started", "tool_call_finished"]
         assert types[-1] == "complete" and events[-1].data["status"] == "completed"
+        # The documented tool vocabulary: one tool_call_id and name across start and finish.
+        started, finished = events[2].data, events[3].data
+        assert started["name"] == finished["name"] == "save_note"
+        assert started["tool_call_id"] == finished["tool_call_id"]
+        assert started["arguments"] == {"text": "hello runrow"} and finished["result"]["note_id"]
 
 
 async def test_idempotency_key_returns_the_first_run(dsn: str, schema: str) -> None:
@@ -69,6 +74,24 @@ async def test_idempotency_key_returns_the_first_run(dsn: str, schema: str) -> N
         assert other["run_id"] != first["run_id"]
         conv = (await client.get("/v1/conversations/conv-i", headers=ALICE)).json()
         assert len(conv["turns"]) == 2
+
+
+async def test_idempotency_key_reused_for_another_message_answers_409(dsn: str, schema: str) -> None:
+    async with serve_demo(dsn, schema, workers=0) as base, httpx.AsyncClient(base_url=base) as client:
+        key = {**ALICE, "Idempotency-Key": "send-7"}
+        first = await _post(client, "conv-i", "once", key)
+        for cid, content in (("conv-i", "a different message"), ("conv-j", "once")):
+            resp = await client.post(
+                f"/v1/conversations/{cid}/messages", json={"content": content}, headers=key
+            )
+            assert resp.status_code == 409, resp.text
+            error = resp.json()["error"]
+            assert error["code"] == "idempotency_conflict"
+            assert "send-7" in error["message"] and error["run_id"] == first["run_id"]
+        conv = (await client.get("/v1/conversations/conv-i", headers=ALICE)).json()
+        assert [t["user_message"] for t in conv["turns"]] == ["once"]
+        # The refused post to a new conversation did not claim it.
+        assert (await client.get("/v1/conversations/conv-j", headers=ALICE)).status_code == 404
 
 
 async def test_sse_stream_and_resume_from_query_and_last_event_id(dsn: str, schema: str) -> None:
@@ -161,6 +184,8 @@ async def test_another_users_ids_answer_404_everywhere(dsn: str, schema: str) ->
         (b'{"content": "' + b"x" * 200_000 + b'"}', {}, 413),  # over the body limit
         (b'{"content": "hi"}', {"Idempotency-Key": "k" * 300}, 400),
         (b"\xff\xfe", {}, 400),
+        (b'{"content": "hi", "x": ' + b"[" * 20_000 + b"]" * 20_000 + b"}", {}, 400),  # too deep
+        (b'{"content": "lone \\ud800 surrogate"}', {}, 422),
     ],
 )
 async def test_malformed_messages_answer_4xx_json(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import uuid
+from datetime import timedelta
 
 import anyio
 import psycopg
@@ -14,7 +15,7 @@ from psycopg_pool import AsyncConnectionPool
 import runrow
 from runrow._names import Channels
 
-from .helpers import count, counts, events, run_row, table
+from .helpers import count, counts, events, run_row, table, wait_for
 
 pytestmark = pytest.mark.anyio
 
@@ -163,13 +164,117 @@ async def test_idempotency_key_is_per_user(dsn: str, schema: str) -> None:
         dsn, schema=schema, conversation_id="c", user_id="bob", content="x", idempotency_key="k"
     )
     again = await runrow.enqueue(
-        dsn, schema=schema, conversation_id="c", user_id="ann", content="y", idempotency_key="k"
+        dsn, schema=schema, conversation_id="c", user_id="ann", content="x", idempotency_key="k"
     )
     assert a.id != b.id and again.id == a.id and not again.created
 
 
+FIRST = {
+    "conversation_id": "c",
+    "user_id": "u",
+    "content": {"text": "hi", "n": 1},
+    "tenant_id": "t",
+    "request": {"model": "m"},
+    "idempotency_key": "k",
+}
+CONFLICTS = [
+    ({"conversation_id": "c2"}, ["conversation_id"]),
+    ({"content": {"text": "hi", "n": 2}}, ["content"]),
+    ({"content": "hi"}, ["content"]),
+    ({"request": {"model": "other"}}, ["request"]),
+    ({"request": None}, ["request"]),
+    ({"tenant_id": None}, ["tenant_id"]),
+    ({"conversation_id": "c2", "content": "other"}, ["conversation_id", "content"]),
+]
+
+
+@pytest.mark.parametrize(("override", "fields"), CONFLICTS, ids=[str(i) for i in range(len(CONFLICTS))])
+async def test_idempotency_key_reused_for_another_request_is_a_conflict(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection, override: dict[str, object], fields: list[str]
+) -> None:
+    first = await runrow.enqueue(dsn, schema=schema, **FIRST)  # type: ignore[arg-type]
+    before = await counts(conn, schema)
+    with pytest.raises(runrow.IdempotencyConflict) as info:
+        await runrow.enqueue(dsn, schema=schema, **{**FIRST, **override})  # type: ignore[arg-type]
+    err = info.value
+    assert isinstance(err, runrow.RunrowError)
+    assert (err.idempotency_key, err.run_id, list(err.fields)) == ("k", first.id, fields)
+    assert await counts(conn, schema) == before  # the new message was refused, not dropped silently
+
+
+async def test_same_key_same_request_returns_the_first_run(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    first = await runrow.enqueue(dsn, schema=schema, **FIRST)  # type: ignore[arg-type]
+    # Same turn: JSON compares by value (key order is not part of it); scheduling options
+    # (priority, not_before, deadline, limits) do not change what runs, so they may differ.
+    again = await runrow.enqueue(
+        dsn,
+        schema=schema,
+        **{**FIRST, "content": {"n": 1, "text": "hi"}},  # type: ignore[arg-type]
+        priority=5,
+        not_before=timedelta(seconds=1),
+        deadline=timedelta(minutes=5),
+        max_queued_per_conversation=10,
+    )
+    assert again.id == first.id and not again.created
+    assert await counts(conn, schema) == {"message": 1, "agent_run": 1, "run_event": 2}
+
+
+@pytest.mark.parametrize("same", [True, False], ids=["same", "different"])
+async def test_idempotency_conflict_waits_for_an_uncommitted_first_enqueue(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection, same: bool
+) -> None:
+    """The repeat's INSERT waits on the first's uncommitted row (ON CONFLICT); once that
+    commits, the repeat is compared with it, not with nothing."""
+    outcome: list[object] = []
+    async with (
+        await psycopg.AsyncConnection.connect(dsn) as first_conn,
+        await psycopg.AsyncConnection.connect(dsn, autocommit=True) as second_conn,
+    ):
+        pid = second_conn.info.backend_pid
+
+        async def repeat() -> None:
+            content = FIRST["content"] if same else "changed"
+            try:
+                outcome.append(
+                    await runrow.enqueue(
+                        second_conn,
+                        schema=schema,
+                        **{**FIRST, "content": content},  # type: ignore[arg-type]
+                    )
+                )
+            except runrow.IdempotencyConflict as exc:
+                outcome.append(exc)
+
+        async def blocked() -> bool:
+            cur = await conn.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,))
+            row = await cur.fetchone()
+            return row is not None and row[0] == "Lock"
+
+        async with anyio.create_task_group() as tg, first_conn.transaction():
+            first = await runrow.enqueue(first_conn, schema=schema, **FIRST)  # type: ignore[arg-type]
+            tg.start_soon(repeat)
+            await wait_for(blocked, what="the repeat to wait on the uncommitted first enqueue")
+            assert outcome == []
+            # The first enqueue commits here; the repeat's INSERT resumes.
+    (got,) = outcome
+    if same:
+        assert isinstance(got, runrow.Run) and got.id == first.id and not got.created
+    else:
+        assert isinstance(got, runrow.IdempotencyConflict) and got.run_id == first.id
+    assert await counts(conn, schema) == {"message": 1, "agent_run": 1, "run_event": 2}
+
+
 class Opaque:
     pass
+
+
+def nested(depth: int) -> list[object]:
+    value: list[object] = []
+    for _ in range(depth):
+        value = [value]
+    return value
 
 
 BAD_INPUTS = [
@@ -189,6 +294,15 @@ BAD_INPUTS = [
     ({"tenant_id": ""}, "tenant_id"),
     ({"idempotency_key": ""}, "idempotency_key"),
     ({"idempotency_key": "k" * 1000}, "idempotency_key"),
+    ({"content": nested(100_000)}, "content"),
+    ({"content": {"a": nested(5_000)}}, "content"),
+    ({"request": nested(100_000)}, "request"),
+    ({"conversation_id": "c\ud800"}, "conversation_id"),
+    ({"user_id": "\udfffu"}, "user_id"),
+    ({"tenant_id": "t\ud800"}, "tenant_id"),
+    ({"idempotency_key": "k\udc80"}, "idempotency_key"),
+    ({"max_queued_per_tenant": 2**31}, "max_queued_per_tenant"),
+    ({"max_queued_per_conversation": 2**63}, "max_queued_per_conversation"),
 ]
 
 
@@ -204,6 +318,35 @@ async def test_bad_input_is_typed_and_writes_nothing(
     assert info.value.field == field
     assert isinstance(info.value, runrow.RunrowError)
     assert await counts(conn, schema) == {"message": 0, "agent_run": 0, "run_event": 0}
+
+
+async def test_json_nested_deeper_than_a_worker_reads_back_is_refused(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    """Python writes JSON deeper than a worker's claim can decode (about 950 levels with the
+    default recursion limit): such content would crash the claim loop of every worker that
+    took it. The limit (256 levels) is refused at enqueue; content at the limit runs."""
+    with pytest.raises(runrow.InvalidInput, match="nested") as info:
+        await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content=nested(900))
+    assert info.value.field == "content"
+    with pytest.raises(runrow.InvalidInput, match="nested"):
+        await runrow.enqueue(
+            dsn, schema=schema, conversation_id="c", user_id="u", content="x", request={"a": nested(256)}
+        )
+    assert await counts(conn, schema) == {"message": 0, "agent_run": 0, "run_event": 0}
+    deepest = {"a": nested(254)}  # 256 levels: the object, then 255 arrays (nested(n) has n + 1)
+    run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content=deepest)
+
+    async def echo(ctx: runrow.RunContext) -> None:
+        await ctx.write_message(ctx.content)
+
+    async with runrow.Dispatcher(dsn, echo, schema=schema, poll=0.2):
+
+        async def done() -> bool:
+            return (await runrow.get_run(dsn, run.id, schema=schema)).status == "completed"
+
+        await wait_for(done, timeout=20, what="the deepest content to run")
+    assert [m.content for m in await runrow.transcript(dsn, "c", schema=schema)] == [deepest, deepest]
 
 
 async def test_escaped_backslash_u0000_text_is_not_a_nul(

@@ -253,6 +253,33 @@ async def test_trim_drops_old_journals_and_snapshots_but_keeps_the_transcript(
     assert await runrow.trim(dsn, schema=schema, now=now + timedelta(hours=25)) == runrow.TrimResult(0, 0)
 
 
+async def test_retry_after_trim_is_refused_rather_than_run_without_its_request(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    """Trim deletes the request snapshot; a retry must not run the turn without it."""
+    early = await runrow.enqueue(
+        dsn, schema=schema, conversation_id="a", user_id="u", content="a", request={"model": "m"}
+    )
+    late = await runrow.enqueue(
+        dsn, schema=schema, conversation_id="b", user_id="u", content="b", request={"model": "m"}
+    )
+    for row in await manual.claim(conn, schema, limit=2):
+        assert await manual.finalize(conn, schema, row["id"], row["claim_token"], "failed", 3)
+    retried = await runrow.retry_run(dsn, early.id, schema=schema)  # before the trim: keeps it
+    assert (await run_row(conn, schema, retried.id))["request"] == {"model": "m"}
+    now = await manual.db_now(conn)
+    assert (await runrow.trim(dsn, schema=schema, now=now + timedelta(hours=25))).runs == 2
+    before = await runrow.list_runs(dsn, schema=schema)
+    with pytest.raises(runrow.RunTrimmed) as info:
+        await runrow.retry_run(dsn, late.id, schema=schema)
+    assert isinstance(info.value, runrow.InvalidInput) and info.value.field == "run_id"
+    assert info.value.run_id == late.id and "trimmed" in str(info.value)
+    assert await runrow.list_runs(dsn, schema=schema) == before  # nothing written
+    # A retry made before the trim is still the retry.
+    again = await runrow.retry_run(dsn, early.id, schema=schema)
+    assert again.id == retried.id and not again.created
+
+
 async def test_resuming_after_the_ending_yields_nothing(
     dsn: str, schema: str, conn: psycopg.AsyncConnection
 ) -> None:

@@ -17,6 +17,7 @@ import pytest
 from psycopg import sql
 
 import runrow
+from runrow.demo import store
 
 from .agents import SIDE_EFFECT_DDL, side_effect_table
 from .helpers import assert_journal_sound, run_row, status_of, table, wait_for
@@ -165,6 +166,61 @@ async def test_sigkill_mid_run_fails_within_lease_plus_grace_then_next_turn_runs
     evs = await assert_journal_sound(conn, schema, r1.id)
     assert evs[-1][2]["reason"] == "worker_lost"
     await wait_for(lambda: _is(conn, schema, r2.id, "completed"), timeout=20, what="the next turn")
+
+
+async def test_sigkill_during_a_demo_tool_call_lists_it_as_uncertain(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection, workers: Workers
+) -> None:
+    """The demo agent's tool events use the documented vocabulary, so the reaper can name
+    the tool call whose side effect is uncertain when its worker dies mid-call."""
+    demo_schema = f"{schema}_demo"
+    await store.ensure_tables(conn, demo_schema)
+    try:
+        victim = workers.start(
+            "demo_agent",
+            lease=2.0,
+            heartbeat=0.5,
+            grace=1.0,
+            env={"DATABASE_URL": dsn, "RUNROW_DEMO_SCHEMA": schema, "RUNROW_DEMO_TOKEN_DELAY": "0.01"},
+        )
+        async with await psycopg.AsyncConnection.connect(dsn) as locker, locker.transaction():
+            # Holds the tool's INSERT in flight: the note table takes no writes until this ends.
+            await locker.execute(
+                sql.SQL("LOCK TABLE {} IN EXCLUSIVE MODE").format(table(demo_schema, "note"))
+            )
+            run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="hi")
+            started = await wait_for(
+                lambda: _event_of_type(conn, schema, run.id, "tool_call_started"),
+                what="the tool call to start",
+            )
+            victim.kill()
+            victim.wait()
+        async with runrow.Dispatcher(
+            dsn, _never, schema=schema, lease=2.0, heartbeat=0.5, grace=1.0, poll=0.2, reap_interval=0.2
+        ):
+            await wait_for(lambda: _is(conn, schema, run.id, "failed"), timeout=20, what="the reap")
+        evs = await assert_journal_sound(conn, schema, run.id)
+        assert "tool_call_finished" not in [t for _, t, _ in evs]
+        assert started.get("tool_call_id") and started.get("name") == "save_note", started
+        assert evs[-1][2]["reason"] == "worker_lost"
+        assert evs[-1][2]["uncertain_tool_calls"] == [
+            {"tool_call_id": started["tool_call_id"], "name": "save_note"}
+        ]
+    finally:
+        await conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(demo_schema)))
+
+
+async def _event_of_type(
+    conn: psycopg.AsyncConnection, schema: str, run_id: object, etype: str
+) -> dict[str, object] | None:
+    cur = await conn.execute(
+        sql.SQL("SELECT payload FROM {} WHERE run_id = %s AND type = %s ORDER BY seq LIMIT 1").format(
+            table(schema, "run_event")
+        ),
+        (run_id, etype),
+    )
+    row = await cur.fetchone()
+    return None if row is None else row[0]
 
 
 async def _is(conn: psycopg.AsyncConnection, schema: str, run_id: object, status: str) -> bool:

@@ -15,6 +15,7 @@ EXPECTED = {
     "Draft",
     "DrainReport",
     "Event",
+    "IdempotencyConflict",
     "InvalidInput",
     "LeaseLost",
     "Message",
@@ -28,6 +29,7 @@ EXPECTED = {
     "RunInfo",
     "RunNotFound",
     "RunStatus",
+    "RunTrimmed",
     "RunrowError",
     "SchemaOutOfDate",
     "StopResult",
@@ -67,10 +69,12 @@ def test_errors_share_one_base() -> None:
     for name in (
         "ConfigurationError",
         "ConversationBusy",
+        "IdempotencyConflict",
         "InvalidInput",
         "LeaseLost",
         "Overloaded",
         "RunNotFound",
+        "RunTrimmed",
         "SchemaOutOfDate",
     ):
         assert issubclass(getattr(runrow, name), runrow.RunrowError)

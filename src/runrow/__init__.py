@@ -11,11 +11,13 @@ from .enqueue import enqueue, retry_run
 from .errors import (
     ConfigurationError,
     ConversationBusy,
+    IdempotencyConflict,
     InvalidInput,
     LeaseLost,
     Overloaded,
     RunNotFound,
     RunrowError,
+    RunTrimmed,
     SchemaOutOfDate,
 )
 from .hub import NotifyHub
@@ -37,6 +39,7 @@ __all__ = [
     "Draft",
     "DrainReport",
     "Event",
+    "IdempotencyConflict",
     "InvalidInput",
     "LeaseLost",
     "Message",
@@ -50,6 +53,7 @@ __all__ = [
     "RunInfo",
     "RunNotFound",
     "RunStatus",
+    "RunTrimmed",
     "RunrowError",
     "SchemaOutOfDate",
     "StopResult",

@@ -11,6 +11,29 @@ from .errors import InvalidInput
 # An escaped NUL ("\u0000") that is not itself an escaped backslash followed by "u0000".
 _NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
+MAX_DEPTH = 256
+"""The deepest nesting of arrays and objects accepted. Python's JSON decoder recurses once
+per level, so a value much deeper than this could be written but not read back (a worker's
+claim decoding it would fail with RecursionError); the limit keeps a wide margin."""
+# A JSON string (its brackets are not nesting), and a bracket.
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_BRACKET = re.compile(r"[\[\]{}]")
+
+
+def _too_deep(text: str) -> bool:
+    """Whether ``text`` (valid JSON) nests arrays/objects more than MAX_DEPTH levels."""
+    if text.count("[") + text.count("{") <= MAX_DEPTH:
+        return False  # the usual case: too few brackets to be that deep
+    depth = 0
+    for bracket in _BRACKET.findall(_STRING.sub("", text)):
+        if bracket in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                return True
+        else:
+            depth -= 1
+    return False
+
 
 def dumps(value: Any, field: str, max_bytes: int | None = None) -> str:
     """``value`` as JSON text that Postgres's jsonb will accept, or :class:`InvalidInput`."""
@@ -18,6 +41,8 @@ def dumps(value: Any, field: str, max_bytes: int | None = None) -> str:
         text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError) as exc:
         raise InvalidInput(field, f"must be JSON-serialisable ({exc})") from None
+    except RecursionError:
+        raise InvalidInput(field, f"is nested more than {MAX_DEPTH} levels deep") from None
     if "\\u0000" in text and _NUL.search(text):
         raise InvalidInput(field, "must not contain NUL characters (\\u0000); jsonb rejects them")
     try:
@@ -26,11 +51,13 @@ def dumps(value: Any, field: str, max_bytes: int | None = None) -> str:
         raise InvalidInput(field, "must be valid Unicode text (it holds a lone surrogate)") from None
     if max_bytes is not None and size > max_bytes:
         raise InvalidInput(field, f"is larger than the limit of {max_bytes} bytes")
+    if _too_deep(text):
+        raise InvalidInput(field, f"is nested more than {MAX_DEPTH} levels deep")
     return text
 
 
 def check_id(value: object, field: str, *, optional: bool = False, max_len: int = 256) -> None:
-    """Host ids (conversation, user, tenant, keys) are non-empty text without NUL."""
+    """Host ids (conversation, user, tenant, keys) are non-empty UTF-8 text without NUL."""
     if value is None and optional:
         return
     if not isinstance(value, str):
@@ -39,5 +66,10 @@ def check_id(value: object, field: str, *, optional: bool = False, max_len: int 
         raise InvalidInput(field, "must not be empty")
     if "\x00" in value:
         raise InvalidInput(field, "must not contain NUL characters")
+    if not value.isascii():
+        try:
+            value.encode()
+        except UnicodeEncodeError:  # the database takes UTF-8 only
+            raise InvalidInput(field, "must be valid Unicode text (it holds a lone surrogate)") from None
     if len(value) > max_len:
         raise InvalidInput(field, f"must be at most {max_len} characters")

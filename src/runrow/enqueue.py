@@ -11,7 +11,15 @@ from . import _json, _sql
 from ._db import Database, atomic, execute, schema_guard, statement_conn
 from ._models import Run, StopResult
 from ._names import DEFAULT_SCHEMA, Channels, check_schema
-from .errors import ConversationBusy, InvalidInput, Overloaded, RunNotFound, RunrowError
+from .errors import (
+    ConversationBusy,
+    IdempotencyConflict,
+    InvalidInput,
+    Overloaded,
+    RunNotFound,
+    RunrowError,
+    RunTrimmed,
+)
 
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
@@ -53,7 +61,10 @@ async def enqueue(
     commit together or not at all. Given a connection that is inside a transaction,
     the enqueue joins it, so the host's own writes and the run commit or roll back as
     one. With ``idempotency_key``, a repeat by the same user returns the first run
-    (``created=False``) and writes nothing, also under concurrent repeats.
+    (``created=False``) and writes nothing, also under concurrent repeats. A repeat is
+    the same turn when its ``conversation_id``, ``tenant_id``, ``content`` and
+    ``request`` equal the first's (JSON by value); reusing the key for another turn
+    raises :class:`IdempotencyConflict` and writes nothing.
 
     Scheduling (#10): ``tenant_id`` is the fairness unit of the claim (None: the
     default tenant). ``priority`` orders runs within their tenant's fair share (higher
@@ -105,8 +116,10 @@ async def enqueue(
         ("max_queued_per_tenant", max_queued_per_tenant),
         ("max_queued_per_conversation", max_queued_per_conversation),
     ):
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-            raise InvalidInput(name, "must be a non-negative integer or None")
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit < 2**31
+        ):  # (the gate counts in a 32-bit integer)
+            raise InvalidInput(name, "must be a non-negative integer below 2**31, or None")
     not_before_at, not_before_in = _when(not_before, "not_before")
     deadline_at, deadline_in = _when(deadline, "deadline")
     params = {
@@ -148,7 +161,7 @@ async def enqueue(
                 },
             )
         if on_busy == "interrupt":
-            interrupted = await _interrupt(conn, schema, conversation_id, idempotency_key, user_id)
+            interrupted = await _interrupt(conn, schema, params)
         cur = await execute(conn, _sql.statement("enqueue", schema), params)
         row = await cur.fetchone()
         assert row is not None  # the gate always yields one row
@@ -157,24 +170,38 @@ async def enqueue(
         refused = not row[6]
         if refused and idempotency_key is None:
             await _refuse(conn, schema, row, params)
-    # The key exists: the first run won. Read it (this statement sees its commit).
+    # The key exists: the first run won (the INSERT waited for it to commit). Read it, in
+    # a statement whose snapshot sees that commit, and compare it with this turn.
     async with statement_conn(db) as conn:
-        cur = await execute(
-            conn,
-            _sql.statement("find_idempotent", schema),
-            {"user_id": user_id, "idempotency_key": idempotency_key},
-        )
+        cur = await execute(conn, _sql.statement("find_idempotent", schema), params)
         found = await cur.fetchone()
         if found is None and refused:
             await _refuse(conn, schema, row, params)
     if found is None:  # pragma: no cover - the conflict guarantees a committed row
         raise RunrowError("idempotent enqueue conflicted but the first run is not visible")
+    _same_turn(found, params)
     return Run(found[0], found[1], found[2], found[3], found[4], created=False)
 
 
 def _conversation_lock(schema: str, conversation_id: str) -> str:
     """The key of the conversation's advisory lock (enqueue, retry and admission_lock)."""
     return f"runrow.enqueue:{schema}:conversation:{conversation_id}"
+
+
+_TURN_FIELDS = ("conversation_id", "tenant_id", "content", "request")
+"""What makes a repeat the same turn: the inputs the agent gets (find_idempotent's flags)."""
+
+
+def _same_turn(found: Any, params: dict[str, Any]) -> None:
+    """Raises :class:`IdempotencyConflict` unless the key's run records this very turn.
+
+    Scheduling options (priority, not_before, deadline, limits, on_busy) are not
+    compared: they change when a turn runs, not what runs, and a relative time cannot
+    match on a retry anyway.
+    """
+    differ = tuple(name for name, flag in zip(_TURN_FIELDS, found[5:9], strict=True) if flag)
+    if differ:
+        raise IdempotencyConflict(params["idempotency_key"], found[0], differ)
 
 
 def _when(value: datetime | timedelta | None, field: str) -> tuple[datetime | None, float | None]:
@@ -190,21 +217,17 @@ def _when(value: datetime | timedelta | None, field: str) -> tuple[datetime | No
     raise InvalidInput(field, "must be a datetime, a timedelta or None")
 
 
-async def _interrupt(
-    conn: AsyncConnection, schema: str, conversation_id: str, idempotency_key: str | None, user_id: str
-) -> StopResult | None:
+async def _interrupt(conn: AsyncConnection, schema: str, params: dict[str, Any]) -> StopResult | None:
     """Stops the conversation's active turns inside the enqueue's transaction."""
     from .stop import stop_locked
 
-    if idempotency_key is not None:
-        cur = await execute(
-            conn,
-            _sql.statement("find_idempotent", schema),
-            {"user_id": user_id, "idempotency_key": idempotency_key},
-        )
-        if await cur.fetchone() is not None:
+    if params["idempotency_key"] is not None:
+        cur = await execute(conn, _sql.statement("find_idempotent", schema), params)
+        found = await cur.fetchone()
+        if found is not None:
+            _same_turn(found, params)  # a reused key stops nothing
             return None  # a repeat of an accepted interrupt: it already stopped what it stopped
-    return await stop_locked(conn, schema, conversation_id)
+    return await stop_locked(conn, schema, params["conversation_id"])
 
 
 async def _refuse(conn: AsyncConnection, schema: str, row: Any, params: dict[str, Any]) -> NoReturn:
@@ -246,7 +269,9 @@ async def retry_run(db: Database, run_id: uuid.UUID | str, *, schema: str = DEFA
     (``created=False``). The retry queues behind the conversation's queued turns (like
     an enqueue, in commit order), but its answer joins the turn it retries in the
     transcript, and its agent reads the conversation up to that turn. Raises
-    :class:`RunNotFound`, or :class:`InvalidInput` when the run is not failed or cancelled.
+    :class:`RunNotFound`, :class:`InvalidInput` when the run is not failed or
+    cancelled, or :class:`RunTrimmed` (an ``InvalidInput``) when :func:`~runrow.trim`
+    has deleted its request snapshot: a retry never runs without it.
     """
     check_schema(schema)
     rid = parse_run_id(run_id)
@@ -264,11 +289,16 @@ async def retry_run(db: Database, run_id: uuid.UUID | str, *, schema: str = DEFA
         found = await cur.fetchone()
         if found is not None:
             return Run(found[0], found[1], found[2], found[3], found[4], created=False)
-        cur = await execute(conn, _sql.statement("get_run", schema), {"run_id": rid})
+        cur = await execute(conn, _sql.statement("retry_source", schema), {"run_id": rid})
         original = await cur.fetchone()
     if original is None:
         raise RunNotFound(rid)
-    raise InvalidInput("run_id", f"run {rid} is {original[4]}; only failed or cancelled runs retry")
+    status, trimmed = original
+    if status not in ("failed", "cancelled"):
+        raise InvalidInput("run_id", f"run {rid} is {status}; only failed or cancelled runs retry")
+    if trimmed:
+        raise RunTrimmed(rid)
+    raise RunrowError(f"run {rid} was not retried")  # pragma: no cover - retry matched it
 
 
 def parse_run_id(run_id: uuid.UUID | str) -> uuid.UUID:

@@ -5,10 +5,12 @@ from __future__ import annotations
 __all__ = [
     "ConfigurationError",
     "ConversationBusy",
+    "IdempotencyConflict",
     "InvalidInput",
     "LeaseLost",
     "Overloaded",
     "RunNotFound",
+    "RunTrimmed",
     "RunrowError",
     "SchemaOutOfDate",
 ]
@@ -68,6 +70,21 @@ class RunNotFound(RunrowError, LookupError):
         self.run_id = run_id
 
 
+class RunTrimmed(InvalidInput):
+    """:func:`runrow.retry_run` refused a run that retention (:func:`runrow.trim`) has
+    trimmed: its request snapshot is deleted, and a retry must not run without it.
+    Nothing was written. Enqueue the message as a new turn instead.
+    """
+
+    def __init__(self, run_id: object) -> None:
+        super().__init__(
+            "run_id",
+            f"run {run_id!s} was trimmed by retention, which deleted its request snapshot; "
+            "it cannot be retried (enqueue the message as a new turn)",
+        )
+        self.run_id = run_id
+
+
 class LeaseLost(RunrowError):
     """This worker no longer holds the run's claim: it was reaped, stopped or superseded.
 
@@ -107,3 +124,24 @@ class ConversationBusy(RunrowError):
     def __init__(self, conversation_id: str) -> None:
         super().__init__(f"conversation {conversation_id!r} already has an active turn")
         self.conversation_id = conversation_id
+
+
+class IdempotencyConflict(RunrowError):
+    """:func:`runrow.enqueue` got an ``idempotency_key`` the user already used for a
+    different turn. Nothing was written: the new message is refused, not dropped.
+
+    A repeat is the same turn when its conversation, tenant, content and request equal
+    the first's (JSON by value); the scheduling options may differ. ``run_id`` is the run
+    the key already names and ``fields`` the arguments that differ (a subset of
+    ``"conversation_id"``, ``"tenant_id"``, ``"content"``, ``"request"``). Fit for an
+    HTTP 409.
+    """
+
+    def __init__(self, idempotency_key: str, run_id: object, fields: tuple[str, ...]) -> None:
+        super().__init__(
+            f"idempotency key {idempotency_key!r} was already used for run {run_id!s}, "
+            f"a different turn ({', '.join(fields)} differ); use a new key for a new message"
+        )
+        self.idempotency_key = idempotency_key
+        self.run_id = run_id
+        self.fields = fields

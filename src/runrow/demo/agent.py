@@ -98,13 +98,15 @@ class DemoAgent:
 
     async def __call__(self, run: RunContext) -> None:
         text = _text_of(run.content)
-        call_id = f"call_{uuid.uuid4().hex[:12]}"
+        # runrow's tool vocabulary (tool_call_id, name): a reaped run's terminal event then
+        # lists this call as uncertain if the worker dies between start and finish.
+        tool_call_id = f"call_{uuid.uuid4().hex[:12]}"
         note = text[:200]
         await run.emit(
             {
                 "type": "tool_call_started",
-                "call_id": call_id,
-                "tool": "save_note",
+                "tool_call_id": tool_call_id,
+                "name": "save_note",
                 "arguments": {"text": note},
             }
         )
@@ -115,8 +117,8 @@ class DemoAgent:
         await run.emit(
             {
                 "type": "tool_call_finished",
-                "call_id": call_id,
-                "tool": "save_note",
+                "tool_call_id": tool_call_id,
+                "name": "save_note",
                 "result": {"note_id": note_id, "notes_in_conversation": count},
             }
         )

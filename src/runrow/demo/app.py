@@ -4,7 +4,7 @@ Routes (all JSON; errors are ``{"error": {"code", "message"}}`` with a 4xx statu
 
 * ``POST /v1/conversations/{conversation_id}/messages`` ``{"content": "..."}`` -> 202
   ``{"run_id", "status", ...}``; an ``Idempotency-Key`` header makes a repeat return the
-  first run.
+  first run (409 ``idempotency_conflict`` if the key was used for another message).
 * ``GET /v1/runs/{run_id}``; ``GET /v1/conversations/{conversation_id}`` (transcript, turns,
   the tool's notes).
 * ``GET /v1/runs/{run_id}/events``: Server-Sent Events, ``id`` = seq, ``event`` = type,
@@ -268,6 +268,8 @@ class _Api:
             data = json.loads(body)
         except (ValueError, UnicodeDecodeError):
             raise ApiError(400, "bad_json", "the body must be a JSON object") from None
+        except RecursionError:  # deep nesting, within the size limit
+            raise ApiError(400, "bad_json", "the body is nested too deeply") from None
         if not isinstance(data, dict):
             raise ApiError(400, "bad_json", "the body must be a JSON object")
         return data
@@ -433,6 +435,22 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     )
 
 
+async def _idempotency_conflict(request: Request, exc: Exception) -> Response:
+    # The key names another turn: a client bug or a reused key, never worth retrying as is.
+    assert isinstance(exc, runrow.IdempotencyConflict)
+    return JSONResponse(
+        {
+            "error": {
+                "code": "idempotency_conflict",
+                "message": str(exc),
+                "run_id": str(exc.run_id),
+                "fields": list(exc.fields),
+            }
+        },
+        409,
+    )
+
+
 async def _invalid_input(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, runrow.InvalidInput)
     status = 413 if "larger than the limit" in str(exc) else 422
@@ -497,6 +515,7 @@ def create_app(
             ApiError: _api_error,
             HTTPException: _http_error,
             runrow.InvalidInput: _invalid_input,
+            runrow.IdempotencyConflict: _idempotency_conflict,
         },
     )
     app.state.api = api

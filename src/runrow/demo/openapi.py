@@ -76,6 +76,7 @@ def openapi_document() -> dict[str, Any]:
                         "400": _error("Malformed body, conversation id or key"),
                         "401": _error("No demo bearer token"),
                         "404": _error("The conversation belongs to another user"),
+                        "409": _error("The Idempotency-Key was already used for another message"),
                         "413": _error("Content too large"),
                         "422": _error("Content missing or not text"),
                         "429": _error(

@@ -122,10 +122,14 @@ async function watchPosition(runId) {
   }
 }
 
+// Tool events use runrow's vocabulary: tool_call_started / tool_call_finished with
+// tool_call_id and name. A reaped run's complete event lists the calls that never
+// finished (uncertain_tool_calls): their side effect may or may not have happened.
 function renderTools(runId, tools) {
   turnEl(runId).querySelector(".tools").textContent = tools.map((t) =>
-    t.result ? `✓ ${t.tool}(${JSON.stringify(t.arguments)}) → ${JSON.stringify(t.result)}`
-             : `… ${t.tool}(${JSON.stringify(t.arguments)})`).join("\n");
+    t.result ? `✓ ${t.name}(${JSON.stringify(t.arguments)}) → ${JSON.stringify(t.result)}`
+    : t.uncertain ? `⚠ ${t.name}(${JSON.stringify(t.arguments)}): outcome unknown (the worker was lost)`
+    : `… ${t.name}(${JSON.stringify(t.arguments)})`).join("\n");
 }
 
 async function load() {
@@ -191,16 +195,21 @@ function follow(runId) {
         setStatus(runId, "running");
         break;
       case "tool_call_started":
-        st.tools.push({ call_id: data.call_id, tool: data.tool, arguments: data.arguments });
+        st.tools.push({ tool_call_id: data.tool_call_id, name: data.name, arguments: data.arguments });
         renderTools(runId, st.tools); setStatus(runId, "running");
         break;
       case "tool_call_finished": {
-        const t = st.tools.find((x) => x.call_id === data.call_id);
+        const t = st.tools.find((x) => x.tool_call_id === data.tool_call_id);
         if (t) t.result = data.result;
         renderTools(runId, st.tools); setStatus(runId, "running");
         break;
       }
       case "complete":
+        for (const u of data.uncertain_tool_calls || []) {
+          const t = st.tools.find((x) => x.tool_call_id === u.tool_call_id);
+          if (t) t.uncertain = true; else st.tools.push({ tool_call_id: u.tool_call_id, name: u.name, uncertain: true });
+        }
+        renderTools(runId, st.tools);
         setStatus(runId, data.status);
         el.querySelector(".answer").classList.toggle("partial", data.status !== "completed" && st.text !== "");
         if (data.error && !st.text) el.querySelector(".answer").textContent = `${data.error.type}: ${data.error.message || ""}`;
