@@ -336,10 +336,14 @@ WITH f AS (
 -- The queue wake only when the ending can let an idle worker claim: the conversation
 -- has a next turn waiting, or the tenant has a running cap (a freed place under it).
 -- Otherwise every listening worker would wake for nothing on every run's end.
+-- (The queued turn is looked up among the conversation's active turns: written as
+-- status = 'queued', statistics from before a burst had it walk a whole queue index,
+-- believed empty, for every run ended; "IS TRUE" implies no partial index's predicate.)
 SELECT fin.id,
        pg_notify(%(events_prefix)s || replace(fin.id::text, '-', ''), ''),
        CASE WHEN EXISTS (SELECT 1 FROM {schema}.agent_run q
-                         WHERE q.conversation_id = fin.conversation_id AND q.status = 'queued')
+                         WHERE q.conversation_id = fin.conversation_id
+                           AND q.status IN ('queued', 'running') AND (q.status = 'queued') IS TRUE)
               OR EXISTS (SELECT 1 FROM {schema}.tenant_policy p
                          WHERE p.tenant_key = fin.tenant_key AND p.max_running IS NOT NULL)
             THEN pg_notify(%(wake_channel)s, '') END
