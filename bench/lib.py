@@ -63,11 +63,13 @@ class Profile:
     drain_max: int = 0
     peer_reps: int = 0  # repetitions of the peers scenario (0: reps)
     # backlog (issue #17): queued runs at depth (vs 2,000), the drain's timed window of runs
-    # (after a warm-up) and its time cap in seconds, (d)'s samples per variant, the runs
-    # queued in case (c)'s one conversation, and whether (d) is also sampled on stale stats.
+    # after a warm-up (the median of backlog_reps windows, each from full depth) and its
+    # time cap in seconds, (d)'s samples per variant, the runs queued in case (c)'s one
+    # conversation, and whether (d) is also sampled on stale statistics.
     backlog_depth: int = 100_000
-    backlog_window: int = 300
+    backlog_window: int = 1_000
     backlog_warmup: int = 50
+    backlog_reps: int = 3
     backlog_cap: float = 10.0
     backlog_samples: int = 40
     backlog_big: int = 10_000
@@ -124,8 +126,8 @@ PROFILES = {
         drain_per_slot=250,
         drain_max=6_000,
         peer_reps=5,
-        backlog_window=1_000,
         backlog_warmup=100,
+        backlog_reps=5,
         backlog_cap=40.0,
         backlog_samples=200,
     ),
