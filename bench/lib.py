@@ -62,6 +62,18 @@ class Profile:
     drain_per_slot: int = 0
     drain_max: int = 0
     peer_reps: int = 0  # repetitions of the peers scenario (0: reps)
+    # backlog (issue #17): queued runs at depth (vs 2,000), the drain's timed window of runs
+    # after a warm-up (the median of backlog_reps windows, each from full depth) and its
+    # time cap in seconds, (d)'s samples per variant, the runs queued in case (c)'s one
+    # conversation, and whether (d) is also sampled on stale statistics.
+    backlog_depth: int = 100_000
+    backlog_window: int = 1_000
+    backlog_warmup: int = 50
+    backlog_reps: int = 3
+    backlog_cap: float = 10.0
+    backlog_samples: int = 40
+    backlog_big: int = 10_000
+    backlog_stale_d: bool = True
 
     def drain_size(self, base: int, in_flight: int) -> int:
         """Jobs to drain for a measurement with ``in_flight`` jobs picked at once."""
@@ -114,6 +126,10 @@ PROFILES = {
         drain_per_slot=250,
         drain_max=6_000,
         peer_reps=5,
+        backlog_warmup=100,
+        backlog_reps=5,
+        backlog_cap=40.0,
+        backlog_samples=200,
     ),
 }
 

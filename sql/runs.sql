@@ -28,11 +28,17 @@ WITH serial AS (
                 SELECT 1 FROM {schema}.agent_run q
                 WHERE q.status = 'queued' AND q.tenant_key = coalesce(%(tenant_id)s::text, '')
                 LIMIT %(max_queued_tenant)s::integer) x) END AS tenant_queued,
+        -- (The conversation's active turns, its running one included, read from its own
+        -- entries: at most one is running, so the first limit + 1 hold min(queued, limit)
+        -- queued ones. Counted as status = 'queued' instead, it could be planned as a
+        -- walk of the tenant's whole queue in agent_run_fair_idx on stale statistics.)
         CASE WHEN %(max_queued_conversation)s::integer IS NULL THEN NULL ELSE (
-            SELECT count(*) FROM (
-                SELECT 1 FROM {schema}.agent_run q
-                WHERE q.status = 'queued' AND q.conversation_id = %(conversation_id)s
-                LIMIT %(max_queued_conversation)s::integer) x) END AS conversation_queued,
+            SELECT least(count(*) FILTER (WHERE x.status = 'queued'), %(max_queued_conversation)s::integer)
+            FROM (
+                SELECT q.status FROM {schema}.agent_run q
+                WHERE q.conversation_id = %(conversation_id)s AND q.status IN ('queued', 'running')
+                ORDER BY q.queue_order
+                LIMIT %(max_queued_conversation)s::integer + 1) x) END AS conversation_queued,
         CASE WHEN %(reject_if_busy)s::boolean THEN EXISTS (
             SELECT 1 FROM {schema}.agent_run b
             WHERE b.conversation_id = %(conversation_id)s AND b.status IN ('queued', 'running'))
@@ -185,30 +191,42 @@ WITH RECURSIVE lim (n) AS (
         FROM {schema}.agent_run r
         WHERE r.status = 'queued' AND r.tenant_key = s.tenant_key
           AND (r.not_before IS NULL OR r.not_before <= coalesce(%(now)s::timestamptz, now()))
-          -- (OFFSET 0 keeps this a per-row probe of the conversation's index entries;
-          -- planned as an anti-join on stale statistics, it scanned the whole queue for
-          -- every queued run.)
+          -- (OFFSET 0 keeps these per-row probes of the conversation's index entries;
+          -- planned as an anti-join on stale statistics, one scanned the whole queue for
+          -- every queued run. Two probes, not one with "running OR older": that OR was
+          -- planned as a BitmapOr that read every older turn of the conversation, for
+          -- each of them: 5 s per claim with 10,000 turns queued in one conversation.
+          -- The running turn is one unique-index probe; the older turn the first entry
+          -- of the conversation's active-turn index: status IN (queued, running) matches
+          -- no index on the queue alone, so stale statistics cannot make it a queue walk.)
+          AND NOT EXISTS (
+              SELECT 1 FROM {schema}.agent_run o
+              WHERE o.conversation_id = r.conversation_id AND o.status = 'running'
+              OFFSET 0)
           AND NOT EXISTS (
               SELECT 1 FROM {schema}.agent_run o
               WHERE o.conversation_id = r.conversation_id
-                AND o.status IN ('queued', 'running')
-                AND (o.status = 'running' OR o.queue_order < r.queue_order)
+                AND o.status IN ('queued', 'running') AND o.queue_order < r.queue_order
               OFFSET 0)
         ORDER BY r.priority DESC, r.queue_order
         LIMIT s.offer
     ) h
 ), picked AS (
-    -- The best 4 x %(limit)s candidates in claim order, as one array of queue_order (unique,
-    -- and the key of agent_run_queued_idx): the lock below then probes that index for
-    -- exactly these rows, as an index condition, whatever the statistics say.
-    SELECT (array_agg(ranked.queue_order ORDER BY ranked.load, ranked.priority DESC, ranked.queue_order))
-               [1:4 * (SELECT n FROM lim)] AS orders
+    -- The best 4 x %(limit)s candidates in claim order, as one array of ids: the lock
+    -- below then probes the primary key for exactly these rows.
+    SELECT (array_agg(ranked.id ORDER BY ranked.load, ranked.priority DESC, ranked.queue_order))
+               [1:4 * (SELECT n FROM lim)] AS ids
     FROM ranked
 ), fair_candidate AS (
+    -- (Still queued, re-checked on the locked row version. Written "IS TRUE" so that it
+    -- implies no partial index's predicate: with status = 'queued', statistics from before
+    -- a burst had the planner scan a whole queue index believed empty, with the ids as a
+    -- filter, rather than probe the primary key: 100,000 rows read per claim. By
+    -- queue_order, as before, it did the same with agent_run_fair_idx.)
     SELECT a.id
     FROM {schema}.agent_run a
-    WHERE a.queue_order = ANY ((SELECT orders FROM picked)::bigint[]) AND a.status = 'queued'
-    ORDER BY array_position((SELECT orders FROM picked)::bigint[], a.queue_order)
+    WHERE a.id = ANY ((SELECT ids FROM picked)::uuid[]) AND (a.status = 'queued') IS TRUE
+    ORDER BY array_position((SELECT ids FROM picked)::uuid[], a.id)
     LIMIT (SELECT n FROM lim)
     FOR UPDATE OF a SKIP LOCKED
 ), solo AS (
@@ -224,11 +242,14 @@ WITH RECURSIVE lim (n) AS (
     FROM {schema}.agent_run r
     WHERE r.status = 'queued' AND r.tenant_key = (SELECT tenant_key FROM solo)
       AND (r.not_before IS NULL OR r.not_before <= coalesce(%(now)s::timestamptz, now()))
-      AND NOT EXISTS (  -- a per-row probe (OFFSET 0), as above
+      AND NOT EXISTS (  -- per-row probes (OFFSET 0), as above
+          SELECT 1 FROM {schema}.agent_run o
+          WHERE o.conversation_id = r.conversation_id AND o.status = 'running'
+          OFFSET 0)
+      AND NOT EXISTS (
           SELECT 1 FROM {schema}.agent_run o
           WHERE o.conversation_id = r.conversation_id
-            AND o.status IN ('queued', 'running')
-            AND (o.status = 'running' OR o.queue_order < r.queue_order)
+            AND o.status IN ('queued', 'running') AND o.queue_order < r.queue_order
           OFFSET 0)
     ORDER BY r.priority DESC, r.queue_order
     LIMIT (SELECT room FROM solo)
@@ -263,13 +284,16 @@ WITH lim (n) AS (
 ), candidate AS (
     SELECT r.id
     FROM {schema}.agent_run r
-    WHERE r.status = 'queued'
+    WHERE r.status = 'queued' AND r.queue_order > 0  -- (agent_run_queued_idx: migration 0003)
       AND (r.not_before IS NULL OR r.not_before <= coalesce(%(now)s::timestamptz, now()))
-      AND NOT EXISTS (  -- a per-row probe (OFFSET 0), as in the fair claim
+      AND NOT EXISTS (  -- per-row probes (OFFSET 0), as in the fair claim
+          SELECT 1 FROM {schema}.agent_run o
+          WHERE o.conversation_id = r.conversation_id AND o.status = 'running'
+          OFFSET 0)
+      AND NOT EXISTS (
           SELECT 1 FROM {schema}.agent_run o
           WHERE o.conversation_id = r.conversation_id
-            AND o.status IN ('queued', 'running')
-            AND (o.status = 'running' OR o.queue_order < r.queue_order)
+            AND o.status IN ('queued', 'running') AND o.queue_order < r.queue_order
           OFFSET 0)
     ORDER BY r.queue_order
     LIMIT (SELECT n FROM lim)
@@ -355,10 +379,14 @@ WITH f AS (
 -- The queue wake only when the ending can let an idle worker claim: the conversation
 -- has a next turn waiting, or the tenant has a running cap (a freed place under it).
 -- Otherwise every listening worker would wake for nothing on every run's end.
+-- (The queued turn is looked up among the conversation's active turns: written as
+-- status = 'queued', statistics from before a burst had it walk a whole queue index,
+-- believed empty, for every run ended; "IS TRUE" implies no partial index's predicate.)
 SELECT fin.id,
        pg_notify(%(events_prefix)s || replace(fin.id::text, '-', ''), ''),
        CASE WHEN EXISTS (SELECT 1 FROM {schema}.agent_run q
-                         WHERE q.conversation_id = fin.conversation_id AND q.status = 'queued')
+                         WHERE q.conversation_id = fin.conversation_id
+                           AND q.status IN ('queued', 'running') AND (q.status = 'queued') IS TRUE)
               OR EXISTS (SELECT 1 FROM {schema}.tenant_policy p
                          WHERE p.tenant_key = fin.tenant_key AND p.max_running IS NOT NULL)
             THEN pg_notify(%(wake_channel)s, '') END
