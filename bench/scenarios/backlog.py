@@ -44,10 +44,10 @@ WITH run AS (
            gen_random_uuid(), 0
     FROM generate_series(0, %(n)s - 1) g
     ORDER BY g
-    RETURNING id, user_message_id, conversation_id
+    RETURNING id, user_message_id, conversation_id, queue_order
 ), msg AS (
-    INSERT INTO {s}.message (id, conversation_id, run_id, role, content, status, user_id)
-    SELECT user_message_id, conversation_id, id, 'user', '"seeded"'::jsonb, 'sent', 'u' FROM run
+    INSERT INTO {s}.message (id, conversation_id, run_id, role, content, status, user_id, turn)
+    SELECT user_message_id, conversation_id, id, 'user', '"seeded"'::jsonb, 'sent', 'u', queue_order FROM run
 ), ev AS (
     INSERT INTO {s}.run_event (run_id, seq, type, payload)
     SELECT id, 1, 'user_message_created', '{{}}'::jsonb FROM run

@@ -18,9 +18,9 @@ from lib import Bench, Row, channels, finalize_params, latency_rows, statement
 from psycopg import sql
 
 SEED = """
-INSERT INTO {s}.message (id, conversation_id, role, content, status, user_id, created_at)
+INSERT INTO {s}.message (id, conversation_id, role, content, status, user_id, created_at, turn)
 SELECT md5('m' || g)::uuid, 'hist' || (g %% 5000), 'user', '"hello"', 'sent', 'u',
-       now() - interval '30 days' + g * interval '1 ms'
+       now() - interval '30 days' + g * interval '1 ms', g
 FROM generate_series(1, %(runs)s) g;
 INSERT INTO {s}.agent_run (id, conversation_id, user_id, user_message_id, status, claim_token,
                            claim_expires_at, worker_id, created_at, started_at, last_heartbeat_at, finished_at)

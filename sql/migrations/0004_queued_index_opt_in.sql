@@ -1,4 +1,4 @@
--- runrow schema, version 3 (#17): the FIFO queue index serves only the statements that ask for it.
+-- runrow schema, version 4 (#17): the FIFO queue index serves only the statements that ask for it.
 -- agent_run_queued_idx (queue_order) and agent_run_fair_idx (tenant_key, priority DESC,
 -- queue_order) index the same rows (status = 'queued'). On statistics taken before a
 -- burst, which say no run is queued, the planner costs both at one row, and took the
