@@ -84,6 +84,8 @@ async def enqueue_bare(b: Bench, schema: str, n: int, conns: int) -> float:
                         "content": '"hi"',
                         "request": None,
                         "wake_channel": wake,
+                        # the conversation's advisory lock key, as runrow.enqueue makes it
+                        "conversation_lock": f"runrow.enqueue:{schema}:conversation:e{i}",
                         **ENQUEUE_DEFAULTS,
                     },
                 )

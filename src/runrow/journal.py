@@ -376,9 +376,11 @@ async def tail(
     back as ``from_seq`` to resume: no gap, no duplicate), yields a keepalive after
     ``keepalive`` idle seconds, and ends after the terminal event. If the run ended
     without a journaled terminal event, one is synthesised from the run row. Without
-    a hub (or while it is down, or until the run's rows have come announced by a
-    notification, and again as soon as rows come unannounced) it polls every ``poll``
-    seconds. A ``from_seq`` past the last event of the run's journal raises
+    a hub (or while it is down) it polls every ``poll`` seconds. With one, an idle tail
+    waits for a notification, reading again at most every ``keepalive`` seconds; once a
+    read finds rows that came without a notification (a hub behind a transaction
+    pooler, a dispatcher with ``journal_notify=False``), it polls every ``poll`` seconds
+    until rows come announced again. A ``from_seq`` past the last event of the run's journal raises
     :class:`InvalidInput` (a trimmed journal ends with a synthesised event instead).
     Given a conninfo string, it keeps one connection of its own;
     ``prepared_statements=False`` is for a conninfo that points at a
@@ -402,20 +404,24 @@ async def tail(
         stack.push_async_callback(_close_all, conn_box)
         idle_since = anyio.current_time()
         backoff = poll
-        # Hints are trusted (an idle tail then waits for one, up to the keepalive) only
-        # while the rows it reads were announced: a hub that hears nothing for this run
-        # (journal_notify=False, a hub behind pgbouncer) must not stretch the polling.
-        trusted = False
+        # A connected hub's hints are trusted (an idle tail then waits for one, up to
+        # the keepalive: a thousand tails of queued runs cost a read each per keepalive)
+        # until a read finds rows that came without one, the evidence of a hub that
+        # hears nothing for this run (journal_notify=False, a hub behind pgbouncer):
+        # then the tail polls, until rows come announced again.
+        trusted = True
+        caught_up = False  # rows of the first read predate the subscription: no evidence
         heard = 0  # the subscription's notification count at the previous read
         more = False  # the previous read filled a batch: this one is its continuation
         while True:
             hints = sub.notified if sub is not None else 0
+            read = False
             try:
                 async with schema_guard(db, schema):
                     rows, state = await _read(
                         db, conn_box, own, read_q, state_q, rid, cursor, batch, prepared_statements
                     )
-                backoff = poll
+                read = True
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                 # The database is unreachable for now: a tail waits it out (keepalives
                 # continue), reconnecting as needed. A dropped read only costs latency.
@@ -431,9 +437,12 @@ async def tail(
                         await db.check()  # weed out the pool's dead connections
                 rows, state = [], None
                 backoff = min(backoff * 2, keepalive)
-            if rows and not more:
+            if rows and not more and caught_up:
                 trusted = hints != heard  # a hint came since the last read: announced
             heard, more = hints, len(rows) == batch
+            if read:
+                caught_up = True
+                backoff = poll
             for seq, etype, payload in rows:
                 cursor = seq
                 yield Event(seq, etype, payload)
