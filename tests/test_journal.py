@@ -333,7 +333,8 @@ async def test_a_tail_whose_hub_hears_nothing_polls(
     dsn: str, schema: str, conn: psycopg.AsyncConnection
 ) -> None:
     """The hub is connected, but the run's flushes announce nothing (journal_notify=False,
-    or a hub that hears another session than the writers'): the tail reads at its poll
+    or a hub that hears another session than the writers'): the first unannounced rows
+    are found by the keepalive's read, and from then on the tail reads at its poll
     interval, not once per keepalive."""
     run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
     (claimed,) = await manual.claim(conn, schema)
@@ -343,17 +344,23 @@ async def test_a_tail_whose_hub_hears_nothing_polls(
         await wait_for(lambda: hub.connected, what="the hub connected")
 
         async def follow() -> None:
-            async for ev in runrow.tail(dsn, run.id, schema=schema, hub=hub, poll=0.1, keepalive=15):
-                got.append(ev.seq)
+            async for ev in runrow.tail(dsn, run.id, schema=schema, hub=hub, poll=0.1, keepalive=2.0):
+                if not ev.keepalive:
+                    got.append(ev.seq)
 
         tg.start_soon(follow)
         await wait_for(lambda: got == [1, 2], what="catch-up")
-        for seq in (3, 4):
+        assert await manual.append(conn, schema, run.id, token, [(3, "x", {})], notify=False)
+        # Nothing says the hub is deaf yet: the keepalive's read finds the row.
+        await wait_for(lambda: 3 in got, timeout=4, what="event 3 by the keepalive's read")
+        for seq in (4, 5, 6):
+            t0 = anyio.current_time()
             assert await manual.append(conn, schema, run.id, token, [(seq, "x", {})], notify=False)
-            # Well under the 15 s keepalive: the tail polls.
-            await wait_for(lambda s=seq: s in got, timeout=3, what=f"event {seq} without a notification")
-        assert await manual.finalize(conn, schema, run.id, token, "completed", 5)
-    assert got == [1, 2, 3, 4, 5]
+            await wait_for(lambda s=seq: s in got, timeout=4, what=f"event {seq} without a notification")
+            # Well under the 2 s keepalive: the tail now polls.
+            assert anyio.current_time() - t0 < 1.0, f"event {seq} waited for the keepalive"
+        assert await manual.finalize(conn, schema, run.id, token, "completed", 7)
+    assert got == [1, 2, 3, 4, 5, 6, 7]
 
 
 async def test_a_tail_whose_notifications_work_does_not_poll(
@@ -433,3 +440,34 @@ async def test_a_cursor_past_the_end_of_the_journal_is_refused(
     with anyio.fail_after(5), pytest.raises(runrow.InvalidInput, match="from_seq"):
         async for _ in runrow.tail(dsn, run.id, from_seq=6, schema=schema):
             pass
+
+
+async def test_an_idle_tail_of_a_queued_run_does_not_poll(dsn: str, schema: str) -> None:
+    """A run still queued has nothing to announce yet: with a connected hub, its tail
+    waits for a hint, reading about once per keepalive, not every poll interval (a
+    thousand viewers of a deep queue would otherwise read all the time)."""
+    from psycopg_pool import AsyncConnectionPool
+
+    run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
+    keepalives = 0
+    async with (
+        AsyncConnectionPool(dsn, min_size=1, max_size=2, open=False, kwargs={"autocommit": True}) as pool,
+        runrow.NotifyHub(dsn) as hub,
+        anyio.create_task_group() as tg,
+    ):
+        await wait_for(lambda: hub.connected, what="the hub connected")
+
+        async def follow() -> None:
+            nonlocal keepalives
+            async for ev in runrow.tail(pool, run.id, schema=schema, hub=hub, poll=0.05, keepalive=1.0):
+                if ev.keepalive:
+                    keepalives += 1
+
+        tg.start_soon(follow)
+        await wait_for(lambda: keepalives >= 1, timeout=5, what="the first keepalive")
+        pool.pop_stats()
+        await wait_for(lambda: keepalives >= 3, timeout=5, what="two more keepalives")
+        reads = pool.pop_stats().get("requests_num", 0)
+        # Two keepalives at a 0.05 s poll would be about 40 reads.
+        assert reads <= 4, f"{reads} reads over two idle keepalives: the tail polls a queued run"
+        tg.cancel_scope.cancel()
