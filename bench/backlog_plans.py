@@ -29,6 +29,7 @@ if not os.environ.get("RUNROW_PG_BIN"):
 import backlog as B
 import psycopg
 from psycopg import sql
+from throughput import ENQUEUE_DEFAULTS
 
 import runrow
 from runrow import _sql
@@ -128,14 +129,9 @@ async def probe(ci, schema, case):
             "content": '"hi"',
             "request": None,
             "wake_channel": ch.wake,
-            "priority": 0,
-            "not_before_at": None,
-            "not_before_in": None,
-            "deadline_at": None,
-            "deadline_in": None,
-            "max_queued_tenant": None,
-            "max_queued_conversation": None,
-            "reject_if_busy": False,
+            # the conversation's advisory lock key, as runrow.enqueue makes it
+            "conversation_lock": f"runrow.enqueue:{schema}:conversation:{conv}",
+            **ENQUEUE_DEFAULTS,
         }
         params = {
             "claim": {
