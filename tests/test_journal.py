@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from datetime import timedelta
 
 import anyio
@@ -11,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg import sql
+from psycopg_pool import AsyncConnectionPool
 
 import runrow
 from runrow._names import Channels
@@ -368,43 +371,24 @@ async def test_a_tail_whose_notifications_work_does_not_poll(
 ) -> None:
     """Once its run's flushes have announced themselves, an idle tail waits for the next
     hint (or its keepalive) instead of reading every poll interval."""
-    from psycopg_pool import AsyncConnectionPool
-
     run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
     (claimed,) = await manual.claim(conn, schema)
     token = claimed["claim_token"]
-    got: list[int] = []
-    keepalives = 0
-    async with (
-        AsyncConnectionPool(dsn, min_size=1, max_size=2, open=False, kwargs={"autocommit": True}) as pool,
-        runrow.NotifyHub(dsn) as hub,
-        anyio.create_task_group() as tg,
-    ):
-        await wait_for(lambda: hub.connected, what="the hub connected")
-
-        async def follow() -> None:
-            nonlocal keepalives
-            async for ev in runrow.tail(pool, run.id, schema=schema, hub=hub, poll=0.05, keepalive=1.0):
-                if ev.keepalive:
-                    keepalives += 1
-                else:
-                    got.append(ev.seq)
-
-        tg.start_soon(follow)
-        await wait_for(lambda: got == [1, 2], what="catch-up")
+    async with _counted_tail(dsn, schema, run.id) as seen:
+        await wait_for(lambda: seen.got == [1, 2], what="catch-up")
         for seq in (3, 4, 5):
             assert await manual.append(conn, schema, run.id, token, [(seq, "x", {})])
-            await wait_for(lambda s=seq: s in got, timeout=3, what=f"event {seq}")
-        pool.pop_stats()
-        before = keepalives
+            await wait_for(lambda s=seq: s in seen.got, timeout=3, what=f"event {seq}")
+        seen.pool.pop_stats()
+        before = seen.keepalives
         # A second of idleness (the keepalive) at a 0.05 s poll would be about 20 reads.
-        await wait_for(lambda: keepalives > before, timeout=5, what="an idle keepalive")
-        reads = pool.pop_stats().get("requests_num", 0)
+        await wait_for(lambda: seen.keepalives > before, timeout=5, what="an idle keepalive")
+        reads = seen.pool.pop_stats().get("requests_num", 0)
         assert reads <= 2, f"{reads} reads in one idle keepalive: the tail polls although hints work"
         assert await manual.append(conn, schema, run.id, token, [(6, "x", {})])
-        await wait_for(lambda: 6 in got, timeout=3, what="event 6, announced")
+        await wait_for(lambda: 6 in seen.got, timeout=3, what="event 6, announced")
         assert await manual.finalize(conn, schema, run.id, token, "completed", 7)
-    assert got == [1, 2, 3, 4, 5, 6, 7]
+    assert seen.got == [1, 2, 3, 4, 5, 6, 7]
 
 
 async def test_a_cursor_past_the_end_of_the_journal_is_refused(
@@ -446,28 +430,45 @@ async def test_an_idle_tail_of_a_queued_run_does_not_poll(dsn: str, schema: str)
     """A run still queued has nothing to announce yet: with a connected hub, its tail
     waits for a hint, reading about once per keepalive, not every poll interval (a
     thousand viewers of a deep queue would otherwise read all the time)."""
-    from psycopg_pool import AsyncConnectionPool
-
     run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
-    keepalives = 0
+    async with _counted_tail(dsn, schema, run.id) as seen:
+        await wait_for(lambda: seen.keepalives >= 1, timeout=5, what="the first keepalive")
+        seen.pool.pop_stats()
+        await wait_for(lambda: seen.keepalives >= 3, timeout=5, what="two more keepalives")
+        reads = seen.pool.pop_stats().get("requests_num", 0)
+        # Two keepalives at a 0.05 s poll would be about 40 reads.
+        assert reads <= 4, f"{reads} reads over two idle keepalives: the tail polls a queued run"
+        seen.stop()
+
+
+class _Seen:
+    """What a counted tail saw: its events' seqs, its keepalives, and its pool."""
+
+    def __init__(self, pool: AsyncConnectionPool, stop: Callable[[], None]) -> None:
+        self.pool = pool
+        self.stop = stop
+        self.got: list[int] = []
+        self.keepalives = 0
+
+
+@asynccontextmanager
+async def _counted_tail(dsn: str, schema: str, run_id: uuid.UUID) -> AsyncIterator[_Seen]:
+    """A tail (poll 0.05 s, keepalive 1 s) with a hub, reading through a small pool whose
+    requests the test counts; the block ends when the tail does (or ``stop()``)."""
     async with (
         AsyncConnectionPool(dsn, min_size=1, max_size=2, open=False, kwargs={"autocommit": True}) as pool,
         runrow.NotifyHub(dsn) as hub,
         anyio.create_task_group() as tg,
     ):
         await wait_for(lambda: hub.connected, what="the hub connected")
+        seen = _Seen(pool, tg.cancel_scope.cancel)
 
         async def follow() -> None:
-            nonlocal keepalives
-            async for ev in runrow.tail(pool, run.id, schema=schema, hub=hub, poll=0.05, keepalive=1.0):
+            async for ev in runrow.tail(pool, run_id, schema=schema, hub=hub, poll=0.05, keepalive=1.0):
                 if ev.keepalive:
-                    keepalives += 1
+                    seen.keepalives += 1
+                else:
+                    seen.got.append(ev.seq)
 
         tg.start_soon(follow)
-        await wait_for(lambda: keepalives >= 1, timeout=5, what="the first keepalive")
-        pool.pop_stats()
-        await wait_for(lambda: keepalives >= 3, timeout=5, what="two more keepalives")
-        reads = pool.pop_stats().get("requests_num", 0)
-        # Two keepalives at a 0.05 s poll would be about 40 reads.
-        assert reads <= 4, f"{reads} reads over two idle keepalives: the tail polls a queued run"
-        tg.cancel_scope.cancel()
+        yield seen
