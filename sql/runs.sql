@@ -5,7 +5,8 @@
 -- Message, run, journal seq 1-2 and the queue wake in one statement (one round trip,
 -- one transaction). With an idempotency key that already exists, nothing is written.
 -- The gate: with %(max_queued_tenant)s / %(max_queued_conversation)s (NULL: no limit)
--- the tenant's / conversation's queued runs are counted (up to the limit only), and with
+-- the tenant's / conversation's queued runs are counted (up to the limit only; -1 for
+-- the tenant: below the limit without counting), and with
 -- %(reject_if_busy)s an active turn of the conversation refuses the enqueue; a refused
 -- enqueue writes nothing and returns the gate's counts with a NULL id. Race safety comes
 -- from the caller: it takes the advisory locks (admission_lock) in an earlier statement
@@ -23,7 +24,16 @@ WITH serial AS (
     SELECT pg_advisory_xact_lock(hashtextextended(%(conversation_lock)s::text, 0))
 ), gate AS (
     SELECT
-        CASE WHEN %(max_queued_tenant)s::integer IS NULL THEN NULL ELSE (
+        -- (Below the limit only the answer "below" matters. The queue_order span of the
+        -- whole queue bounds every tenant's count from above and costs two probes of
+        -- agent_run_queued_idx's ends; only when it reaches the limit is the tenant's
+        -- queue counted, up to the limit. With a limit above the queue's depth, the gate
+        -- then costs the same at 100,000 queued as at 2,000 (#17).)
+        CASE WHEN %(max_queued_tenant)s::integer IS NULL THEN NULL
+             WHEN (SELECT coalesce(max(q.queue_order) - min(q.queue_order) + 1, 0)
+                   FROM {schema}.agent_run q WHERE q.status = 'queued' AND q.queue_order > 0)
+                  < %(max_queued_tenant)s::integer THEN -1
+             ELSE (
             SELECT count(*) FROM (
                 SELECT 1 FROM {schema}.agent_run q
                 WHERE q.status = 'queued' AND q.tenant_key = coalesce(%(tenant_id)s::text, '')

@@ -5,11 +5,14 @@ from __future__ import annotations
 import anyio
 import psycopg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from psycopg import sql
 
 import runrow
 
 from . import manual
-from .helpers import counts, enqueue_turn
+from .helpers import counts, enqueue_turn, rows, table
 
 pytestmark = pytest.mark.anyio
 
@@ -153,3 +156,46 @@ async def test_gated_enqueue_joins_the_callers_transaction(dsn: str, schema: str
         with pytest.raises(runrow.Overloaded):
             await enqueue_turn(own, schema, "c", max_queued_per_conversation=1)  # type: ignore[arg-type]
     assert await runrow.list_runs(dsn, schema=schema) == []
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    steps=st.lists(
+        st.one_of(
+            st.tuples(st.just("enqueue"), st.sampled_from("AB"), st.integers(min_value=1, max_value=6)),
+            st.tuples(st.just("claim"), st.just(""), st.integers(min_value=1, max_value=3)),
+        ),
+        min_size=1,
+        max_size=25,
+    )
+)
+async def test_the_tenant_gate_admits_exactly_below_its_limit(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection, steps: list[tuple[str, str, int]]
+) -> None:
+    # The gate answers "below the limit" from the queue's queue_order span when it can and
+    # counts the tenant's queue otherwise (#17); claims leave holes in the span and other
+    # tenants' runs widen it. Either way it admits exactly when the tenant's queued count,
+    # read here, is below the limit.
+    await conn.execute(
+        sql.SQL("TRUNCATE {}, {}, {}").format(
+            table(schema, "run_event"), table(schema, "agent_run"), table(schema, "message")
+        )
+    )
+    for i, (op, tenant, n) in enumerate(steps):
+        if op == "claim":
+            await manual.claim(conn, schema, limit=n)
+            continue
+        queued = await rows(
+            conn,
+            sql.SQL("SELECT count(*) FROM {} WHERE status = 'queued' AND tenant_id = %s").format(
+                table(schema, "agent_run")
+            ),
+            (tenant,),
+        )
+        try:
+            await enqueue_turn(dsn, schema, f"c{i}", tenant_id=tenant, max_queued_per_tenant=n)
+            admitted = True
+        except runrow.Overloaded as err:
+            assert (err.scope, err.key) == ("tenant", tenant)
+            admitted = False
+        assert admitted == (queued[0][0] < n), (queued[0][0], n)

@@ -8,12 +8,16 @@ from datetime import timedelta
 import anyio
 import psycopg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from psycopg import sql
 
 import runrow
 from runrow.cli import main
 
 from . import manual
-from .helpers import enqueue_turn
+from .bulk import seed
+from .helpers import enqueue_turn, rows, table
 
 pytestmark = pytest.mark.anyio
 
@@ -100,3 +104,80 @@ async def test_cli_runs_position(dsn: str, schema: str, capsys: pytest.CaptureFi
     assert await anyio.to_thread.run_sync(main, ["runs", "position", str(runs[0].id), *common, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["position"] == 1 and data["status"] == "queued"
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    # (tenant, priority) per run, each in its own conversation so that every run is claimable.
+    runs=st.lists(st.tuples(st.sampled_from("ABC"), st.sampled_from([0, 0, 1])), min_size=1, max_size=14),
+    weights=st.tuples(*(st.integers(min_value=1, max_value=3) for _ in range(3))),
+    started=st.integers(min_value=0, max_value=4),
+)
+async def test_exact_positions_are_the_successive_claim_order(
+    dsn: str,
+    schema: str,
+    conn: psycopg.AsyncConnection,
+    runs: list[tuple[str, int]],
+    weights: tuple[int, int, int],
+    started: int,
+) -> None:
+    await conn.execute(
+        sql.SQL("TRUNCATE {}, {}, {}, {}").format(
+            table(schema, "run_event"),
+            table(schema, "agent_run"),
+            table(schema, "message"),
+            table(schema, "tenant_policy"),
+        )
+    )
+    for tenant, weight in zip("ABC", weights, strict=True):
+        await runrow.set_tenant_policy(dsn, tenant, weight=weight, schema=schema)
+    made = [
+        await enqueue_turn(dsn, schema, f"r{i}", tenant_id=tenant, priority=priority)
+        for i, (tenant, priority) in enumerate(runs)
+    ]
+    for _ in range(started):  # some running runs shift the tenants' loads
+        await manual.claim(conn, schema, limit=1)
+    queued = [r for r in made if (await runrow.get_run(dsn, r.id, schema=schema)).status == "queued"]
+    places = [await runrow.queue_position(dsn, r.id, schema=schema) for r in queued]
+    assert all(p.exact for p in places)
+    predicted = [
+        r.conversation_id
+        for _, r in sorted(zip([p.position for p in places], queued, strict=True), key=lambda x: x[0] or 0)
+    ]
+    assert sorted(p.position or 0 for p in places) == list(range(1, len(queued) + 1))
+    order = [(await manual.claim(conn, schema, limit=1))[0]["content"] for _ in queued]
+    assert predicted == order
+
+
+async def test_a_deep_queue_is_estimated_past_the_first_thousand(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    # 3,000 of A's, then 2,000 of B's; weights 1, nothing running. Past 1,000 runs counted
+    # the position is extrapolated and flagged, within a few percent here.
+    await seed(conn, schema, tenant="A", n=3000, conversations=3000)
+    await seed(conn, schema, tenant="B", n=2000, conversations=2000)
+    ids = await rows(
+        conn,
+        sql.SQL("SELECT id, tenant_id FROM {} WHERE status = 'queued' ORDER BY queue_order").format(
+            table(schema, "agent_run")
+        ),
+    )
+    a = [r[0] for r in ids if r[1] == "A"]
+    b = [r[0] for r in ids if r[1] == "B"]
+
+    async def where(run_id: object) -> runrow.QueuePosition:
+        return await runrow.queue_position(dsn, str(run_id), schema=schema)
+
+    # A's 300th: 299 of A's ahead, and B's first 300 (B's 300th ties with it and loses: younger).
+    first = await where(a[299])
+    assert (first.exact, first.rank_in_tenant, first.position) == (True, 300, 599)
+    # A's 2,500th: rank 2,500; B's runs with a load below 2,499: all 2,000 of them. True
+    # position 4,500; both counts are estimated.
+    deep = await where(a[2499])
+    assert deep.exact is False
+    assert deep.rank_in_tenant is not None and abs(deep.rank_in_tenant - 2500) <= 25
+    assert deep.position is not None and abs(deep.position - 4500) <= 45
+    # B's 1,500th: rank 1,500; A's 1,500 with loads 0..1,499 go first (the tie to the older A's).
+    late = await where(b[1499])
+    assert late.exact is False
+    assert late.position is not None and abs(late.position - 3000) <= 30

@@ -116,6 +116,8 @@ class QueuePosition:
     among its own tenant's queued runs, and ``estimated_wait_seconds`` the position
     divided by recent throughput (None when nothing finished recently), at least the
     time until its ``not_before``. For any other status all three are None.
+    ``exact`` is False when ``position`` (and perhaps ``rank_in_tenant``) is an estimate:
+    the runs ahead are counted one by one only up to about a thousand.
     """
 
     run_id: uuid.UUID
@@ -124,3 +126,4 @@ class QueuePosition:
     rank_in_tenant: int | None
     estimated_wait_seconds: float | None
     throughput_per_minute: float
+    exact: bool = True

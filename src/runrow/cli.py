@@ -174,7 +174,7 @@ async def cmd_runs(args: argparse.Namespace) -> int:
                 else f"about {pos.estimated_wait_seconds:.0f}s"
             )
             text = (
-                f"#{pos.position} in the queue (#{pos.rank_in_tenant} in its tenant); "
+                f"{'' if pos.exact else 'about '}#{pos.position} in the queue (#{pos.rank_in_tenant} in its tenant); "
                 f"estimated wait {wait} at {pos.throughput_per_minute:.1f} runs/min"
             )
         _out(args, pos, text)

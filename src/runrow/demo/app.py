@@ -335,6 +335,7 @@ class _Api:
                 "run_id": str(info.id),
                 "status": pos.status,
                 "position": pos.position,
+                "exact": pos.exact,
                 "estimated_wait_seconds": pos.estimated_wait_seconds,
             }
         )

@@ -113,7 +113,7 @@ async function watchPosition(runId) {
       const pos = await api("GET", `/v1/runs/${runId}/position`).catch(() => null);
       if (!pos || pos.status !== "queued" || pos.position === null) break;
       const wait = pos.estimated_wait_seconds;
-      showPosition(runId, `you're #${pos.position}` + (wait ? ` (~${Math.ceil(wait)}s)` : ""));
+      showPosition(runId, `you're ${pos.exact === false ? "about " : ""}#${pos.position}` + (wait ? ` (~${Math.ceil(wait)}s)` : ""));
       await new Promise((r) => setTimeout(r, 2000));
     }
   } finally {
