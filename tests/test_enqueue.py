@@ -303,6 +303,10 @@ BAD_INPUTS = [
     ({"idempotency_key": "k\udc80"}, "idempotency_key"),
     ({"max_queued_per_tenant": 2**31}, "max_queued_per_tenant"),
     ({"max_queued_per_conversation": 2**63}, "max_queued_per_conversation"),
+    # Past PostgreSQL's timestamp range once added to now(): DatetimeFieldOverflow before.
+    ({"not_before": timedelta.max}, "not_before"),
+    ({"deadline": timedelta.min}, "deadline"),
+    ({"deadline": timedelta(days=366 * 1001)}, "deadline"),
 ]
 
 

@@ -204,12 +204,18 @@ def _same_turn(found: Any, params: dict[str, Any]) -> None:
         raise IdempotencyConflict(params["idempotency_key"], found[0], differ)
 
 
+_MAX_OFFSET_SECONDS = 1000 * 365 * 86400
+
+
 def _when(value: datetime | timedelta | None, field: str) -> tuple[datetime | None, float | None]:
     """An absolute time, or seconds from the database's clock, as the SQL takes them."""
     if value is None:
         return None, None
     if isinstance(value, timedelta):
-        return None, value.total_seconds()
+        seconds = value.total_seconds()
+        if abs(seconds) > _MAX_OFFSET_SECONDS:  # now() + it must stay a timestamp
+            raise InvalidInput(field, "a timedelta must be within 1,000 years")
+        return None, seconds
     if isinstance(value, datetime):
         if value.tzinfo is None:
             raise InvalidInput(field, "a datetime must be timezone-aware (or pass a timedelta)")
