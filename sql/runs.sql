@@ -30,8 +30,14 @@ WITH serial AS (
         -- queue counted, up to the limit. With a limit above the queue's depth, the gate
         -- then costs the same at 100,000 queued as at 2,000 (#17).)
         CASE WHEN %(max_queued_tenant)s::integer IS NULL THEN NULL
-             WHEN (SELECT coalesce(max(q.queue_order) - min(q.queue_order) + 1, 0)
-                   FROM {schema}.agent_run q WHERE q.status = 'queued' AND q.queue_order > 0)
+             -- (Two ORDER BY ... LIMIT 1 probes, not max() - min(): on statistics that say
+             -- nothing is queued, the planner computed those in one scan of the index.)
+             WHEN coalesce((SELECT q.queue_order FROM {schema}.agent_run q
+                            WHERE q.status = 'queued' AND q.queue_order > 0
+                            ORDER BY q.queue_order DESC LIMIT 1)
+                           - (SELECT q.queue_order FROM {schema}.agent_run q
+                              WHERE q.status = 'queued' AND q.queue_order > 0
+                              ORDER BY q.queue_order LIMIT 1) + 1, 0)
                   < %(max_queued_tenant)s::integer THEN -1
              ELSE (
             SELECT count(*) FROM (
