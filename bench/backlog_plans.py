@@ -148,7 +148,7 @@ async def probe(ci, schema, case):
             },
             "enqueue": enq,
             "enqueue_gated": {**enq, "max_queued_tenant": 1_000_000, "max_queued_conversation": 1_000},
-            "queue_position": {"run_id": last[0], "now": None},
+            "queue_position": {"run_id": last[0], "now": None, "cap": 1000, "min_walk": 16},
             "heartbeat": {"ids": ids, "tokens": toks, "lease_seconds": 300.0, "now": None},
             "finalize": {
                 "runs": json.dumps(

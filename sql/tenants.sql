@@ -54,11 +54,14 @@ WITH RECURSIVE me AS (
     LEFT JOIN running ru ON ru.tenant_key = t.tenant_key
     LEFT JOIN {schema}.tenant_policy p ON p.tenant_key = t.tenant_key
     WHERE t.tenant_key IS NOT NULL
-), ahead AS (
+), ahead AS MATERIALIZED (
+    -- (Every walk is ordered as agent_run_fair_idx is: unordered, a count of the higher
+    -- priorities, which are usually none, was planned as a scan of the whole table.)
     SELECT
         (SELECT count(*) FROM (
             SELECT 1 FROM {schema}.agent_run o
             WHERE o.status = 'queued' AND o.tenant_key = me.tenant_key AND o.priority > me.priority
+            ORDER BY o.priority DESC, o.queue_order
             LIMIT %(cap)s) x) AS higher,
         s.n AS same, s.far,
         (SELECT o.queue_order FROM {schema}.agent_run o
