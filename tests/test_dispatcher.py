@@ -611,8 +611,9 @@ async def test_an_ending_that_committed_but_lost_its_answer_is_counted_once(
     assert any(f"finalize of run {run.id}: an earlier attempt had landed" in m for m in messages)
 
 
+@pytest.mark.parametrize("connections", ["own", "unprepared", "host_pool"])
 async def test_an_ending_that_cannot_land_is_given_up_within_its_budget(
-    dsn: str, schema: str, conn: psycopg.AsyncConnection, caplog: pytest.LogCaptureFixture
+    dsn: str, schema: str, conn: psycopg.AsyncConnection, caplog: pytest.LogCaptureFixture, connections: str
 ) -> None:
     """The run's own row is locked by another transaction as its agent returns, so its
     ending blocks. A drain does not cut it (its agent is done), the ending is given up
@@ -623,7 +624,13 @@ async def test_an_ending_that_cannot_land_is_given_up_within_its_budget(
     lock and commit once it goes. The worker reaches the server through a proxy that
     refuses new connections once the ending waits, so a client-side cancel request
     (which needs one) cannot land, as on a loaded host where it is cut short: only a
-    bound the server itself keeps can end the statement."""
+    bound the server itself keeps can end the statement.
+
+    Whoever owns the connections: the dispatcher's own pool (JIT off for the session),
+    its own pool without prepared statements (as behind a transaction pooler: every
+    statement carries its JIT guard) and the host's pool. The last two used to lose the
+    bound: the JIT guard's nested pipeline synced the budget's implicit transaction
+    away before the ending ran."""
     caplog.set_level(logging.WARNING, logger="runrow")
     finished: list[bool] = []
 
@@ -660,13 +667,20 @@ async def test_an_ending_that_cannot_land_is_given_up_within_its_budget(
             proxied = psycopg.conninfo.make_conninfo(
                 dsn, host="127.0.0.1", port=port, sslmode="disable", gssencmode="disable"
             )
+            host_pool: AsyncConnectionPool[psycopg.AsyncConnection] | None = None
+            if connections == "host_pool":
+                host_pool = AsyncConnectionPool(
+                    proxied, min_size=4, max_size=8, kwargs={"autocommit": True}, open=False
+                )
+                await host_pool.open(wait=True)
             d = runrow.Dispatcher(
-                proxied,
+                proxied if host_pool is None else host_pool,
                 agent,
                 schema=schema,
                 finalize_timeout=1.0,
                 notifications=False,
                 observers=[Recorded()],
+                prepared_statements=connections != "unprepared",
                 **FAST,
             )
             async with d:
@@ -678,6 +692,8 @@ async def test_an_ending_that_cannot_land_is_given_up_within_its_budget(
                 took = anyio.current_time() - t0
                 # Given up, and dead on the server: nothing of the ending still waits.
                 assert await waiting_on_locker() == 0, "a given-up ending is still waiting on the server"
+            if host_pool is not None:
+                await host_pool.close(timeout=1.0)
             tg.cancel_scope.cancel()
         assert report.left_for_reaper == [run.id]
         assert report.interrupted == [] and report.finished == []

@@ -1101,10 +1101,14 @@ class Dispatcher:
             i[6].sent = True
         try:
             async with self._finalize_conn.statement() as conn:
+                # Not through execute(): on a connection that is not runrow's own, its JIT
+                # guard's pipeline, nested in this one, would sync first, ending the
+                # budget's implicit transaction, and the budget with it. ending_budget
+                # turns JIT off for the finalize itself.
+                cur = conn.cursor()
                 async with conn.pipeline():
                     await conn.execute(self._queries["ending_budget"], {"timeout": timeout})
-                    cur = await execute(
-                        conn,
+                    await cur.execute(
                         self._queries["finalize"],
                         {
                             "runs": runs,
