@@ -403,6 +403,13 @@ FROM fin
 SELECT set_config('statement_timeout', %(timeout)s, true), set_config('lock_timeout', %(timeout)s, true),
        set_config('jit', 'off', true)
 
+-- name: ending_budget_session
+-- The same bound for the session of the ending writer's own connection (one runrow
+-- opened and keeps; never the host's, never behind a transaction pooler), set once with
+-- the first finalize it carries: later endings whose budget leaves at least this much
+-- time are sent alone. Sessions that carry it go back to the pool closed, not reused.
+SELECT set_config('statement_timeout', %(timeout)s, false), set_config('lock_timeout', %(timeout)s, false)
+
 -- name: ending_landed
 -- After an ending's answer was lost (connection cut) and its retry's fence matched
 -- nothing: had the lost attempt committed? Only this claim's own ending leaves the run

@@ -715,6 +715,64 @@ async def test_an_ending_that_cannot_land_is_given_up_within_its_budget(
         assert (await cur.fetchone()) == ("running",)  # the reaper's to end
 
 
+async def test_the_ending_writers_session_bound_never_reaches_other_statements(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    """The ending writer's kept connection carries the ending's server-side bound for its
+    session (statement_timeout and lock_timeout), so that an ending sent at once costs
+    its statement alone. No other statement may run under that bound: the pool's other
+    connections never carry it, nor does the kept one once it is given back (here after
+    a refused ending): it is closed, not reused."""
+
+    async def agent(run: runrow.RunContext) -> None:
+        return None
+
+    async def pool_settings(d: runrow.Dispatcher) -> list[tuple[str, str]]:
+        taken = []
+        try:
+            for _ in range(d.pool.get_stats().get("pool_available", 0)):
+                taken.append(await d.pool.getconn(timeout=1.0))
+            found = []
+            for c in taken:
+                cur = await c.execute(
+                    "SELECT current_setting('statement_timeout'), current_setting('lock_timeout')"
+                )
+                found.append(await cur.fetchone())
+            return found  # type: ignore[return-value]
+        finally:
+            for c in taken:
+                await d.pool.putconn(c)
+
+    async with runrow.Dispatcher(dsn, agent, schema=schema, notifications=False, **FAST) as d:
+        first = await runrow.enqueue(dsn, schema=schema, conversation_id="a", user_id="u", content=1)
+        await wait_for(lambda: is_terminal(conn, schema, first.id), what="the first ending")
+        kept = d._finalize_conn._conn
+        assert kept is not None
+        cur = await kept.execute("SELECT current_setting('statement_timeout')")
+        assert (await cur.fetchone()) != ("0",), "the kept connection carries no session bound"
+        found = await pool_settings(d)
+        assert found and all(f == ("0", "0") for f in found), found
+
+        # A refused ending gives the kept connection back to the pool.
+        await conn.execute(
+            sql.SQL("""
+            CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF NEW.status = 'completed' THEN RAISE EXCEPTION 'injected refusal'; END IF;
+                RETURN NEW;
+            END $$;
+            CREATE TRIGGER refuse_completion BEFORE UPDATE ON {t} FOR EACH ROW EXECUTE FUNCTION {fn}();
+        """).format(fn=sql.Identifier(schema, "refuse_completion"), t=table(schema, "agent_run"))
+        )
+        refused = await runrow.enqueue(dsn, schema=schema, conversation_id="b", user_id="u", content=1)
+        await wait_for(lambda: d.stats["claimed"] == 2 and not d.in_flight, what="the refused run let go")
+        assert await status_of(conn, schema, refused.id) == "running"
+        assert d._finalize_conn._conn is not kept
+        assert kept.closed, "the connection that carried the bound went back to the pool open"
+        found = await pool_settings(d)
+        assert found and all(f == ("0", "0") for f in found), found
+
+
 async def test_a_rejected_ending_is_left_to_the_reaper(
     dsn: str, schema: str, conn: psycopg.AsyncConnection, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -49,6 +49,11 @@ async def configure_own(conn: AsyncConnection) -> None:
     _JIT_OFF.add(conn)
 
 
+def jit_off_session(conn: AsyncConnection) -> bool:
+    """Whether ``conn`` is one of runrow's own direct connections (see :func:`configure_own`)."""
+    return conn in _JIT_OFF
+
+
 async def execute(
     conn: AsyncConnection,
     query: bytes,
@@ -192,6 +197,16 @@ class HeldConnection:
         self._pool = pool
         self._min_pool = min_pool
         self._conn: AsyncConnection | None = None
+        self._session_changed = False
+
+    def keeps(self, conn: AsyncConnection) -> bool:
+        """Whether ``conn`` is the connection kept here (not one taken for one statement)."""
+        return conn is self._conn
+
+    def session_changed(self) -> None:
+        """The kept connection's session now carries a setting of the loop's own: it is
+        closed, not handed to the pool's other users, when it is given back."""
+        self._session_changed = True
 
     @asynccontextmanager
     async def statement(self) -> AsyncIterator[AsyncConnection]:
@@ -214,5 +229,8 @@ class HeldConnection:
     async def release(self) -> None:
         """Gives the kept connection back to the pool (at shutdown, or after a failure)."""
         conn, self._conn = self._conn, None
+        changed, self._session_changed = self._session_changed, False
         if conn is not None:
+            if changed:
+                await conn.close()  # the pool discards it (and opens another if it needs one)
             await self._pool().putconn(conn)
