@@ -413,7 +413,18 @@ FROM fin
 -- transaction: the server itself ends the ending's statement (and bounds its commit's
 -- lock wait) before the worker gives up on it, so an ending given up is never left
 -- waiting, e.g. on a locked row, to commit later. Transaction-local: nothing stays set.
-SELECT set_config('statement_timeout', %(timeout)s, true), set_config('lock_timeout', %(timeout)s, true)
+-- It also turns JIT off for the finalize (sql/session.sql), so that the finalize needs
+-- no guard of its own: a guard's pipeline nested in this one would sync, ending this
+-- transaction, and the budget with it, before the finalize ran.
+SELECT set_config('statement_timeout', %(timeout)s, true), set_config('lock_timeout', %(timeout)s, true),
+       set_config('jit', 'off', true)
+
+-- name: ending_budget_session
+-- The same bound for the session of the ending writer's own connection (one runrow
+-- opened and keeps; never the host's, never behind a transaction pooler), set once with
+-- the first finalize it carries: later endings whose budget leaves at least this much
+-- time are sent alone. Sessions that carry it go back to the pool closed, not reused.
+SELECT set_config('statement_timeout', %(timeout)s, false), set_config('lock_timeout', %(timeout)s, false)
 
 -- name: ending_landed
 -- After an ending's answer was lost (connection cut) and its retry's fence matched

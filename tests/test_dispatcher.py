@@ -611,8 +611,9 @@ async def test_an_ending_that_committed_but_lost_its_answer_is_counted_once(
     assert any(f"finalize of run {run.id}: an earlier attempt had landed" in m for m in messages)
 
 
+@pytest.mark.parametrize("connections", ["own", "unprepared", "host_pool"])
 async def test_an_ending_that_cannot_land_is_given_up_within_its_budget(
-    dsn: str, schema: str, conn: psycopg.AsyncConnection, caplog: pytest.LogCaptureFixture
+    dsn: str, schema: str, conn: psycopg.AsyncConnection, caplog: pytest.LogCaptureFixture, connections: str
 ) -> None:
     """The run's own row is locked by another transaction as its agent returns, so its
     ending blocks. A drain does not cut it (its agent is done), the ending is given up
@@ -623,7 +624,13 @@ async def test_an_ending_that_cannot_land_is_given_up_within_its_budget(
     lock and commit once it goes. The worker reaches the server through a proxy that
     refuses new connections once the ending waits, so a client-side cancel request
     (which needs one) cannot land, as on a loaded host where it is cut short: only a
-    bound the server itself keeps can end the statement."""
+    bound the server itself keeps can end the statement.
+
+    Whoever owns the connections: the dispatcher's own pool (JIT off for the session),
+    its own pool without prepared statements (as behind a transaction pooler: every
+    statement carries its JIT guard) and the host's pool. The last two used to lose the
+    bound: the JIT guard's nested pipeline synced the budget's implicit transaction
+    away before the ending ran."""
     caplog.set_level(logging.WARNING, logger="runrow")
     finished: list[bool] = []
 
@@ -660,13 +667,20 @@ async def test_an_ending_that_cannot_land_is_given_up_within_its_budget(
             proxied = psycopg.conninfo.make_conninfo(
                 dsn, host="127.0.0.1", port=port, sslmode="disable", gssencmode="disable"
             )
+            host_pool: AsyncConnectionPool[psycopg.AsyncConnection] | None = None
+            if connections == "host_pool":
+                host_pool = AsyncConnectionPool(
+                    proxied, min_size=4, max_size=8, kwargs={"autocommit": True}, open=False
+                )
+                await host_pool.open(wait=True)
             d = runrow.Dispatcher(
-                proxied,
+                proxied if host_pool is None else host_pool,
                 agent,
                 schema=schema,
                 finalize_timeout=1.0,
                 notifications=False,
                 observers=[Recorded()],
+                prepared_statements=connections != "unprepared",
                 **FAST,
             )
             async with d:
@@ -678,6 +692,8 @@ async def test_an_ending_that_cannot_land_is_given_up_within_its_budget(
                 took = anyio.current_time() - t0
                 # Given up, and dead on the server: nothing of the ending still waits.
                 assert await waiting_on_locker() == 0, "a given-up ending is still waiting on the server"
+            if host_pool is not None:
+                await host_pool.close(timeout=1.0)
             tg.cancel_scope.cancel()
         assert report.left_for_reaper == [run.id]
         assert report.interrupted == [] and report.finished == []
@@ -697,6 +713,64 @@ async def test_an_ending_that_cannot_land_is_given_up_within_its_budget(
             (run.id,),
         )
         assert (await cur.fetchone()) == ("running",)  # the reaper's to end
+
+
+async def test_the_ending_writers_session_bound_never_reaches_other_statements(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    """The ending writer's kept connection carries the ending's server-side bound for its
+    session (statement_timeout and lock_timeout), so that an ending sent at once costs
+    its statement alone. No other statement may run under that bound: the pool's other
+    connections never carry it, nor does the kept one once it is given back (here after
+    a refused ending): it is closed, not reused."""
+
+    async def agent(run: runrow.RunContext) -> None:
+        return None
+
+    async def pool_settings(d: runrow.Dispatcher) -> list[tuple[str, str]]:
+        taken = []
+        try:
+            for _ in range(d.pool.get_stats().get("pool_available", 0)):
+                taken.append(await d.pool.getconn(timeout=1.0))
+            found = []
+            for c in taken:
+                cur = await c.execute(
+                    "SELECT current_setting('statement_timeout'), current_setting('lock_timeout')"
+                )
+                found.append(await cur.fetchone())
+            return found  # type: ignore[return-value]
+        finally:
+            for c in taken:
+                await d.pool.putconn(c)
+
+    async with runrow.Dispatcher(dsn, agent, schema=schema, notifications=False, **FAST) as d:
+        first = await runrow.enqueue(dsn, schema=schema, conversation_id="a", user_id="u", content=1)
+        await wait_for(lambda: is_terminal(conn, schema, first.id), what="the first ending")
+        kept = d._finalize_conn._conn
+        assert kept is not None
+        cur = await kept.execute("SELECT current_setting('statement_timeout')")
+        assert (await cur.fetchone()) != ("0",), "the kept connection carries no session bound"
+        found = await pool_settings(d)
+        assert found and all(f == ("0", "0") for f in found), found
+
+        # A refused ending gives the kept connection back to the pool.
+        await conn.execute(
+            sql.SQL("""
+            CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF NEW.status = 'completed' THEN RAISE EXCEPTION 'injected refusal'; END IF;
+                RETURN NEW;
+            END $$;
+            CREATE TRIGGER refuse_completion BEFORE UPDATE ON {t} FOR EACH ROW EXECUTE FUNCTION {fn}();
+        """).format(fn=sql.Identifier(schema, "refuse_completion"), t=table(schema, "agent_run"))
+        )
+        refused = await runrow.enqueue(dsn, schema=schema, conversation_id="b", user_id="u", content=1)
+        await wait_for(lambda: d.stats["claimed"] == 2 and not d.in_flight, what="the refused run let go")
+        assert await status_of(conn, schema, refused.id) == "running"
+        assert d._finalize_conn._conn is not kept
+        assert kept.closed, "the connection that carried the bound went back to the pool open"
+        found = await pool_settings(d)
+        assert found and all(f == ("0", "0") for f in found), found
 
 
 async def test_a_rejected_ending_is_left_to_the_reaper(

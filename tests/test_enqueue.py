@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import uuid
 from datetime import timedelta
+from typing import Any
 
 import anyio
 import psycopg
@@ -394,3 +395,69 @@ async def test_bad_schema_name_is_invalid_input(dsn: str, bad: str) -> None:
 async def test_bad_db_argument_is_invalid_input(schema: str) -> None:
     with pytest.raises(runrow.InvalidInput, match="conninfo"):
         await runrow.enqueue(42, schema=schema, conversation_id="c", user_id="u", content="x")  # type: ignore[arg-type]
+
+
+def _recording(sent: list[str]) -> type[psycopg.AsyncCursor[Any]]:
+    """A cursor class that records the text of every statement it sends."""
+
+    class Recording(psycopg.AsyncCursor[Any]):
+        async def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Recording:
+            sent.append(bytes(query).decode() if isinstance(query, bytes | bytearray) else str(query))
+            await super().execute(query, params, **kwargs)
+            return self
+
+    return Recording
+
+
+def _guards(sent: list[str]) -> tuple[int, int, int]:
+    """(jit off, save + off, restore) statements among ``sent`` (sql/session.sql)."""
+    off = sum(1 for q in sent if q.strip() == "SELECT set_config('jit', 'off', true)")
+    save = sum(1 for q in sent if "set_config('runrow.saved_jit'" in q)
+    restore = sum(1 for q in sent if "current_setting('runrow.saved_jit')" in q)
+    return off, save, restore
+
+
+@pytest.mark.parametrize("autocommit", [True, False])
+async def test_a_transaction_runrow_opens_turns_jit_off_once(dsn: str, schema: str, autocommit: bool) -> None:
+    """On the host's connection, a gated enqueue runs several statements in a transaction
+    runrow opens itself (admission lock, stop, enqueue). JIT is turned off once for that
+    transaction (transaction-local: it ends with it), not saved, turned off and restored
+    around each statement (3 statements for each); the host's session keeps its own
+    setting. In the host's own transaction each statement still restores the host's
+    setting."""
+    sent: list[str] = []
+    async with await psycopg.AsyncConnection.connect(
+        dsn, autocommit=autocommit, cursor_factory=_recording(sent)
+    ) as conn:
+        await runrow.enqueue(conn, schema=schema, conversation_id="c", user_id="u", content=1)
+        if not autocommit:
+            await conn.commit()
+        sent.clear()
+        run = await runrow.enqueue(
+            conn,
+            schema=schema,
+            conversation_id="c",
+            user_id="u",
+            content=2,
+            on_busy="interrupt",
+            max_queued_per_tenant=10,
+        )
+        assert run.created and run.interrupted is not None
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        statements = len(sent) - sum(_guards(sent))
+        assert statements >= 3, sent  # admission lock, stop, enqueue
+        assert _guards(sent) == (1, 0, 0), sent
+        assert sent[0].strip() == "SELECT set_config('jit', 'off', true)"
+        cur = await conn.execute("SHOW jit")
+        assert (await cur.fetchone()) == ("on",), "runrow changed the host's session setting"
+        if not autocommit:
+            await conn.commit()
+
+        # The host's own transaction: its setting is put back after every statement.
+        sent.clear()
+        async with conn.transaction():
+            await runrow.enqueue(
+                conn, schema=schema, conversation_id="c", user_id="u", content=3, max_queued_per_tenant=10
+            )
+            statements = len(sent) - sum(_guards(sent))
+            assert _guards(sent) == (0, statements, statements), sent

@@ -37,6 +37,10 @@ MISSING_SCHEMA = (
 # Connections whose session runrow itself set to jit = off (its own, direct connections).
 _JIT_OFF: weakref.WeakSet[AsyncConnection] = weakref.WeakSet()
 
+# Connections inside a transaction runrow opened itself (see own_transaction), and
+# whether JIT is already off in it: once it is, the rest of the transaction runs plainly.
+_OWN_TX: weakref.WeakKeyDictionary[AsyncConnection, bool] = weakref.WeakKeyDictionary()
+
 
 async def configure_own(conn: AsyncConnection) -> None:
     """Turns JIT off for the session of a connection runrow opened and keeps to itself.
@@ -47,6 +51,11 @@ async def configure_own(conn: AsyncConnection) -> None:
     """
     await conn.execute(_sql.statement("jit_off_session", "public"))
     _JIT_OFF.add(conn)
+
+
+def jit_off_session(conn: AsyncConnection) -> bool:
+    """Whether ``conn`` is one of runrow's own direct connections (see :func:`configure_own`)."""
+    return conn in _JIT_OFF
 
 
 async def execute(
@@ -61,13 +70,26 @@ async def execute(
     On a connection runrow configured itself this is a plain ``execute``. On any other
     (the host's pool or connection) the statement is pipelined behind a transaction-local
     ``jit = off``: one round trip still, and nothing of the host's session changes. In
-    the host's own transaction the host's setting is put back in the same round trip.
+    a transaction runrow opened on such a connection (:func:`own_transaction`) only its
+    first statement takes that guard: the setting lasts until the transaction ends, and
+    the later statements run plainly. In the host's own transaction every statement
+    takes it, and the host's setting is put back in the same round trip.
     """
     cur = cursor if cursor is not None else conn.cursor()
     if conn in _JIT_OFF:
         await cur.execute(query, params)
         return cur
     joined = conn.info.transaction_status == TransactionStatus.INTRANS
+    own = _OWN_TX.get(conn)
+    if own is not None and joined:
+        if own:
+            await cur.execute(query, params)
+        else:
+            async with conn.pipeline():
+                await conn.execute(_sql.statement("jit_off_local", "public"))
+                await cur.execute(query, params)
+            _OWN_TX[conn] = True
+        return cur
     async with conn.pipeline():
         if joined:
             await conn.execute(_sql.statement("jit_save_off_local", "public"))
@@ -77,6 +99,25 @@ async def execute(
         if joined:
             await conn.execute(_sql.statement("jit_restore_local", "public"))
     return cur
+
+
+@asynccontextmanager
+async def own_transaction(conn: AsyncConnection) -> AsyncIterator[AsyncConnection]:
+    """``conn.transaction()``, opened by runrow on a connection that was not inside one:
+    :func:`execute` turns JIT off once for all of it (it ends with the transaction).
+
+    Nothing inside may open a savepoint before the first statement: a savepoint rolled
+    back would take the setting with it. runrow's own blocks open none.
+    """
+    async with conn.transaction():
+        if conn in _JIT_OFF:
+            yield conn
+            return
+        _OWN_TX[conn] = False
+        try:
+            yield conn
+        finally:
+            _OWN_TX.pop(conn, None)
 
 
 @asynccontextmanager
@@ -91,13 +132,13 @@ async def atomic(db: Database) -> AsyncIterator[AsyncConnection]:
         if db.info.transaction_status == TransactionStatus.INTRANS:
             yield db
         else:
-            async with db.transaction():
+            async with own_transaction(db):
                 yield db
     elif isinstance(db, AsyncConnectionPool):
-        async with db.connection() as conn, conn.transaction():
+        async with db.connection() as conn, own_transaction(conn):
             yield conn
     elif isinstance(db, str):
-        async with await AsyncConnection.connect(db) as conn, conn.transaction():
+        async with await AsyncConnection.connect(db) as conn, own_transaction(conn):
             yield conn
     else:
         raise InvalidInput(
@@ -118,7 +159,7 @@ async def statement_conn(db: Database) -> AsyncIterator[AsyncConnection]:
             if conn.autocommit:
                 yield conn
             else:
-                async with conn.transaction():
+                async with own_transaction(conn):
                     yield conn
     elif (
         isinstance(db, AsyncConnection)
@@ -192,6 +233,16 @@ class HeldConnection:
         self._pool = pool
         self._min_pool = min_pool
         self._conn: AsyncConnection | None = None
+        self._session_changed = False
+
+    def keeps(self, conn: AsyncConnection) -> bool:
+        """Whether ``conn`` is the connection kept here (not one taken for one statement)."""
+        return conn is self._conn
+
+    def session_changed(self) -> None:
+        """The kept connection's session now carries a setting of the loop's own: it is
+        closed, not handed to the pool's other users, when it is given back."""
+        self._session_changed = True
 
     @asynccontextmanager
     async def statement(self) -> AsyncIterator[AsyncConnection]:
@@ -214,5 +265,8 @@ class HeldConnection:
     async def release(self) -> None:
         """Gives the kept connection back to the pool (at shutdown, or after a failure)."""
         conn, self._conn = self._conn, None
+        changed, self._session_changed = self._session_changed, False
         if conn is not None:
+            if changed:
+                await conn.close()  # the pool discards it (and opens another if it needs one)
             await self._pool().putconn(conn)

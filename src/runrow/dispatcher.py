@@ -34,7 +34,15 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from . import _aio, _json, _sql
-from ._db import HeldConnection, configure_own, describe, execute, require_schema, statement_conn
+from ._db import (
+    HeldConnection,
+    configure_own,
+    describe,
+    execute,
+    jit_off_session,
+    require_schema,
+    statement_conn,
+)
 from ._groupcommit import GroupCommit, WriterStopped
 from ._names import DEFAULT_SCHEMA, Channels, check_schema
 from .errors import ConfigurationError, InvalidInput, LeaseLost
@@ -316,6 +324,10 @@ class Dispatcher:
         # How much sooner than an ending's budget the server must end its statement, so
         # that the server's answer (the error) reaches us before we give up on it.
         self._ending_margin = min(1.0, 0.1 * finalize_timeout)
+        # The bound the ending writer's own connection keeps for its session (see
+        # _finalize_batch): an ending handed over and sent within one more margin, as on
+        # the hot path, leaves at least this much of its budget, and goes out alone.
+        self._session_budget = finalize_timeout - 2 * self._ending_margin
         self.max_event_bytes = max_event_bytes
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.channels = Channels.for_schema(schema)
@@ -340,6 +352,8 @@ class Dispatcher:
         # out in turn), and no pool round trip per statement.
         self._claim_conn = HeldConnection(lambda: self.pool, min_pool=2)
         self._finalize_conn = HeldConnection(lambda: self.pool, min_pool=4)
+        # The kept connection whose session carries _session_budget (see _finalize_batch).
+        self._finalize_conn_budgeted: AsyncConnection | None = None
         self._append_conn = HeldConnection(lambda: self.pool, min_pool=6)
         self._loops: list[anyio.CancelScope] = []
         self._loops_running = 0
@@ -365,6 +379,7 @@ class Dispatcher:
             "cancel_flag": _sql.statement("cancel_flag", schema),
             "finalize": _sql.statement("finalize", schema),
             "ending_budget": _sql.statement("ending_budget", schema),
+            "ending_budget_session": _sql.statement("ending_budget_session", schema),
             "flush_landed": _sql.statement("flush_landed", schema),
             "ending_landed": _sql.statement("ending_landed", schema),
             "append_events": _sql.statement("append_events", schema),
@@ -1076,9 +1091,16 @@ class Dispatcher:
         """Writes the endings whose budget leaves room for it (None for the others: not
         sent), under a server-side bound that ends the statement before the first of
         their budgets does: an ending given up is then dead on the server, never left
-        waiting (e.g. on a row lock) to commit later. The bound is set transaction-locally
+        waiting (e.g. on a row lock) to commit later.
+
+        On the ending writer's own kept connection (runrow opened it: direct, JIT off for
+        its session) the bound is a session setting, ``_session_budget``, set with the
+        first finalize it carries; an ending that leaves at least that much of its budget
+        (the usual case: sent as soon as it is handed over) then costs the finalize
+        statement alone. Any other batch (budgets partly spent, a retry, the host's pool,
+        a connection behind a transaction pooler) sets a tighter bound transaction-locally
         by a statement pipelined ahead of the finalize: same round trip, same implicit
-        transaction (or the caller's), nothing left on the connection afterwards."""
+        transaction (or runrow's own), nothing left on the connection afterwards."""
         now = asyncio.get_running_loop().time()
         margin = self._ending_margin
         fits = [i[6].deadline - now - margin >= 0.001 for i in items]
@@ -1087,7 +1109,7 @@ class Dispatcher:
             return [None] * len(items)
         # statement_timeout ends the statement, all its waits included; lock_timeout
         # also bounds the commit's wait for the NOTIFY queue's lock.
-        timeout = f"{int((min(i[6].deadline for i in sent) - now - margin) * 1000)}ms"
+        left = min(i[6].deadline for i in sent) - now - margin
         runs = _batch_json(
             {"id": str(i[0]), "token": str(i[1]), "status": i[2], "error": i[3], "partial": i[4]}
             for i in sent
@@ -1097,22 +1119,40 @@ class Dispatcher:
             for i in sent
             for seq, etype, payload in i[5]
         )
+        params = {
+            "runs": runs,
+            "events": events,
+            "events_prefix": self.channels.events_prefix,
+            "wake_channel": self.channels.wake,
+        }
         for i in sent:
             i[6].sent = True
         try:
             async with self._finalize_conn.statement() as conn:
-                async with conn.pipeline():
-                    await conn.execute(self._queries["ending_budget"], {"timeout": timeout})
-                    cur = await execute(
-                        conn,
-                        self._queries["finalize"],
-                        {
-                            "runs": runs,
-                            "events": events,
-                            "events_prefix": self.channels.events_prefix,
-                            "wake_channel": self.channels.wake,
-                        },
-                    )
+                cur = conn.cursor()
+                held = self._finalize_conn
+                session = held.keeps(conn) and jit_off_session(conn) and left >= self._session_budget
+                if session and self._finalize_conn_budgeted is conn:
+                    await cur.execute(self._queries["finalize"], params)
+                elif session:
+                    # The first ending on this kept connection: the session's bound goes
+                    # with it (rolled back with it if it fails: then set by the next one).
+                    # Marked first: however this ends, the connection is not reused as is.
+                    held.session_changed()
+                    async with conn.pipeline():
+                        await conn.execute(
+                            self._queries["ending_budget_session"],
+                            {"timeout": f"{int(self._session_budget * 1000)}ms"},
+                        )
+                        await cur.execute(self._queries["finalize"], params)
+                    self._finalize_conn_budgeted = conn
+                else:
+                    # (ending_budget also turns JIT off for the finalize: no guard here.)
+                    async with conn.pipeline():
+                        await conn.execute(
+                            self._queries["ending_budget"], {"timeout": f"{int(left * 1000)}ms"}
+                        )
+                        await cur.execute(self._queries["finalize"], params)
                 landed = {r[0] for r in await cur.fetchall()}
         finally:
             for i in sent:
