@@ -23,3 +23,10 @@ SELECT set_config('runrow.saved_jit', current_setting('jit'), true), set_config(
 -- name: jit_restore_local
 -- ...and put the host's setting back after runrow's statement, in the same round trip.
 SELECT set_config('jit', current_setting('runrow.saved_jit'), true)
+
+-- name: jit_provider_available
+-- Whether this server can compile at all (a JIT provider is installed and loads), asked
+-- once per connection: servers built without LLVM need no guard. jit is turned on for
+-- this statement's own implicit transaction only (the connection is in autocommit and
+-- idle), so the session's own setting neither hides the answer nor changes.
+SELECT pg_jit_available() FROM (SELECT set_config('jit', 'on', true) OFFSET 0) s

@@ -14,6 +14,7 @@ from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 import runrow
+from runrow import _db
 from runrow._names import Channels
 
 from .helpers import count, counts, events, run_row, table, wait_for
@@ -429,6 +430,10 @@ async def test_a_transaction_runrow_opens_turns_jit_off_once(dsn: str, schema: s
     async with await psycopg.AsyncConnection.connect(
         dsn, autocommit=autocommit, cursor_factory=_recording(sent)
     ) as conn:
+        # The guard's mechanics, on any server: declared able to compile (runrow asks the
+        # server once per connection; one without a JIT provider takes no guard at all,
+        # see the next test).
+        _db._CAN_JIT.add(conn)
         await runrow.enqueue(conn, schema=schema, conversation_id="c", user_id="u", content=1)
         if not autocommit:
             await conn.commit()
@@ -461,3 +466,39 @@ async def test_a_transaction_runrow_opens_turns_jit_off_once(dsn: str, schema: s
             )
             statements = len(sent) - sum(_guards(sent))
             assert _guards(sent) == (0, statements, statements), sent
+
+
+async def _compiles(conn: psycopg.AsyncConnection) -> bool:
+    """Whether the server really JIT-compiles: EXPLAIN ANALYZE shows a JIT section then."""
+    async with conn.transaction(force_rollback=True):
+        await conn.execute("SET LOCAL jit = on")
+        await conn.execute("SET LOCAL jit_above_cost = 0")
+        cur = await conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) SELECT sum(g) FROM generate_series(1, 10) g")
+        row = await cur.fetchone()
+    assert row is not None
+    return "JIT" in row[0][0]
+
+
+@pytest.mark.parametrize("session_jit", ["on", "off"])
+async def test_only_a_server_that_can_compile_gets_the_guard(dsn: str, schema: str, session_jit: str) -> None:
+    """On the host's autocommit connection, runrow asks the server once whether it can
+    compile at all, whatever the session's own jit says. One that cannot (the embedded
+    wheel is built without LLVM) gets plain statements; one that can (Debian's package)
+    gets the guard on every statement, even when the session had jit off at first use,
+    since the host may turn it on later. The suite runs on both servers in CI."""
+    sent: list[str] = []
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True, cursor_factory=_recording(sent)) as conn:
+        compiles = await _compiles(conn)
+        await conn.execute(f"SET jit = {session_jit}")
+        sent.clear()
+        for i in range(3):
+            await runrow.enqueue(conn, schema=schema, conversation_id=f"c{i}", user_id="u", content=i)
+        probes = sum(1 for q in sent if "pg_jit_available()" in q)
+        assert probes == 1, sent
+        assert _guards(sent) == ((3, 0, 0) if compiles else (0, 0, 0)), (compiles, sent)
+        await conn.execute("SET jit = on")
+        sent.clear()
+        await runrow.enqueue(conn, schema=schema, conversation_id="later", user_id="u", content=9)
+        assert _guards(sent) == ((1, 0, 0) if compiles else (0, 0, 0)), (compiles, sent)
+        cur = await conn.execute("SHOW jit")
+        assert (await cur.fetchone()) == ("on",)

@@ -37,6 +37,12 @@ MISSING_SCHEMA = (
 # Connections whose session runrow itself set to jit = off (its own, direct connections).
 _JIT_OFF: weakref.WeakSet[AsyncConnection] = weakref.WeakSet()
 
+# Connections to a server that cannot compile at all (no JIT provider: built without
+# LLVM, like the embedded wheel's), and to one that can. Asked once per connection
+# (see _no_jit); a connection in neither set has not been asked yet.
+_NO_JIT: weakref.WeakSet[AsyncConnection] = weakref.WeakSet()
+_CAN_JIT: weakref.WeakSet[AsyncConnection] = weakref.WeakSet()
+
 # Connections inside a transaction runrow opened itself (see own_transaction), and
 # whether JIT is already off in it: once it is, the rest of the transaction runs plainly.
 _OWN_TX: weakref.WeakKeyDictionary[AsyncConnection, bool] = weakref.WeakKeyDictionary()
@@ -53,6 +59,23 @@ async def configure_own(conn: AsyncConnection) -> None:
     _JIT_OFF.add(conn)
 
 
+async def _no_jit(conn: AsyncConnection) -> bool:
+    """Whether ``conn``'s server cannot JIT-compile anything, so needs no guard.
+
+    Asked once per connection, and only of an idle autocommit connection, where the
+    probe is its own implicit transaction: on any other it would open or join a
+    transaction of the host's, so that connection keeps the guard until it is idle.
+    """
+    if conn in _NO_JIT:
+        return True
+    if conn in _CAN_JIT or not conn.autocommit or conn.info.transaction_status != TransactionStatus.IDLE:
+        return False
+    cur = await conn.execute(_sql.statement("jit_provider_available", "public"))
+    row = await cur.fetchone()
+    (_CAN_JIT if row is not None and row[0] else _NO_JIT).add(conn)
+    return conn in _NO_JIT
+
+
 def jit_off_session(conn: AsyncConnection) -> bool:
     """Whether ``conn`` is one of runrow's own direct connections (see :func:`configure_own`)."""
     return conn in _JIT_OFF
@@ -67,7 +90,8 @@ async def execute(
 ) -> AsyncCursor[Any]:
     """Runs one statement on ``conn`` with JIT off, and returns its cursor, results read.
 
-    On a connection runrow configured itself this is a plain ``execute``. On any other
+    On a connection runrow configured itself, or to a server that cannot compile at all
+    (no JIT provider, asked once per connection), this is a plain ``execute``. On any other
     (the host's pool or connection) the statement is pipelined behind a transaction-local
     ``jit = off``: one round trip still, and nothing of the host's session changes. In
     a transaction runrow opened on such a connection (:func:`own_transaction`) only its
@@ -76,7 +100,7 @@ async def execute(
     takes it, and the host's setting is put back in the same round trip.
     """
     cur = cursor if cursor is not None else conn.cursor()
-    if conn in _JIT_OFF:
+    if conn in _JIT_OFF or await _no_jit(conn):
         await cur.execute(query, params)
         return cur
     joined = conn.info.transaction_status == TransactionStatus.INTRANS
@@ -109,8 +133,10 @@ async def own_transaction(conn: AsyncConnection) -> AsyncIterator[AsyncConnectio
     Nothing inside may open a savepoint before the first statement: a savepoint rolled
     back would take the setting with it. runrow's own blocks open none.
     """
+    if conn.autocommit:
+        await _no_jit(conn)  # (asked while still idle: inside the transaction it cannot be)
     async with conn.transaction():
-        if conn in _JIT_OFF:
+        if conn in _JIT_OFF or conn in _NO_JIT:
             yield conn
             return
         _OWN_TX[conn] = False
