@@ -487,7 +487,9 @@ async def test_only_a_server_that_can_compile_gets_the_guard(dsn: str, schema: s
     gets the guard on every statement, even when the session had jit off at first use,
     since the host may turn it on later. The suite runs on both servers in CI."""
     sent: list[str] = []
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True, cursor_factory=_recording(sent)) as conn:
+    async with await psycopg.AsyncConnection.connect(
+        dsn, autocommit=True, cursor_factory=_recording(sent)
+    ) as conn:
         compiles = await _compiles(conn)
         await conn.execute(f"SET jit = {session_jit}")
         sent.clear()

@@ -104,7 +104,9 @@ def openapi_document() -> dict[str, Any]:
                     "summary": "A queued run's place in line and estimated wait",
                     "parameters": [_RUN_ID],
                     "responses": {
-                        "200": {"description": "position (null unless queued), exact (false: an estimate past the first thousand), estimated_wait_seconds"},
+                        "200": {
+                            "description": "position (null unless queued), exact (false: an estimate past the first thousand), estimated_wait_seconds"
+                        },
                         "404": {"description": "no such run for this user"},
                     },
                 }
