@@ -9,7 +9,10 @@
 -- for the one statement, pipelined in the same round trip (see src/runrow/_db.py).
 
 -- name: jit_off_session
-SET jit = off
+-- (Also generic plans: runrow's statements are written to be planned once, whatever
+-- their parameters, and at depth a custom plan costs 1-3 ms of planning per call, more
+-- than the claim itself runs; see bench/backlog_plans.py.)
+SELECT set_config('jit', 'off', false), set_config('plan_cache_mode', 'force_generic_plan', false)
 
 -- name: jit_off_local
 -- In an implicit transaction (an autocommit connection's pipeline: everything up to the

@@ -239,3 +239,27 @@ async def test_a_deep_queue_never_compiles_the_claim_on_stock_settings(stock: Em
         with anyio.fail_after(60):
             await done.wait()
     assert await _compiled(dsn) == []
+
+
+@pytest.mark.parametrize("own", [True, False])
+async def test_runrows_own_connections_plan_every_statement_generically(
+    dsn: str, schema: str, own: bool
+) -> None:
+    """A connection runrow opened for itself plans each prepared statement once, for any
+    parameters: a custom plan of the claim at depth spends more time planning than it
+    runs. A host's connection keeps its own plan_cache_mode."""
+    from runrow import _db, _sql
+
+    run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True, prepare_threshold=0) as conn:
+        if own:
+            await _db.configure_own(conn)
+        for _ in range(3):
+            cur = await _db.execute(conn, _sql.statement("get_run", schema), {"run_id": run.id})
+            assert (await cur.fetchone()) is not None
+        cur = await conn.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement LIKE %s",
+            ("%agent_run WHERE id = $1%",),
+        )
+        plans = await cur.fetchall()
+        assert plans == ([(3, 0)] if own else [(0, 3)]), plans
