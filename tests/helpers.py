@@ -19,6 +19,12 @@ async def count(conn: psycopg.AsyncConnection, schema: str, name: str) -> int:
     return int(row[0])
 
 
+async def empty(conn: psycopg.AsyncConnection, schema: str) -> None:
+    """Deletes every run, message, event and tenant policy (one hypothesis example's start)."""
+    names = ("run_event", "agent_run", "message", "tenant_policy")
+    await conn.execute(sql.SQL("TRUNCATE {}").format(sql.SQL(", ").join(table(schema, n) for n in names)))
+
+
 async def counts(conn: psycopg.AsyncConnection, schema: str) -> dict[str, int]:
     return {t: await count(conn, schema, t) for t in ("message", "agent_run", "run_event")}
 

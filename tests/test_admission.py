@@ -12,7 +12,7 @@ from psycopg import sql
 import runrow
 
 from . import manual
-from .helpers import counts, enqueue_turn, rows, table
+from .helpers import counts, empty, enqueue_turn, rows, table
 
 pytestmark = pytest.mark.anyio
 
@@ -176,11 +176,7 @@ async def test_the_tenant_gate_admits_exactly_below_its_limit(
     # counts the tenant's queue otherwise (#17); claims leave holes in the span and other
     # tenants' runs widen it. Either way it admits exactly when the tenant's queued count,
     # read here, is below the limit.
-    await conn.execute(
-        sql.SQL("TRUNCATE {}, {}, {}").format(
-            table(schema, "run_event"), table(schema, "agent_run"), table(schema, "message")
-        )
-    )
+    await empty(conn, schema)
     for i, (op, tenant, n) in enumerate(steps):
         if op == "claim":
             await manual.claim(conn, schema, limit=n)

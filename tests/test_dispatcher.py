@@ -715,6 +715,20 @@ async def test_an_ending_that_cannot_land_is_given_up_within_its_budget(
         assert (await cur.fetchone()) == ("running",)  # the reaper's to end
 
 
+async def _refuse_completions(conn: psycopg.AsyncConnection, schema: str) -> None:
+    """From now on the server refuses every ending as completed (a trigger raises)."""
+    await conn.execute(
+        sql.SQL("""
+        CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NEW.status = 'completed' THEN RAISE EXCEPTION 'injected refusal'; END IF;
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER refuse_completion BEFORE UPDATE ON {t} FOR EACH ROW EXECUTE FUNCTION {fn}();
+    """).format(fn=sql.Identifier(schema, "refuse_completion"), t=table(schema, "agent_run"))
+    )
+
+
 async def test_the_ending_writers_session_bound_never_reaches_other_statements(
     dsn: str, schema: str, conn: psycopg.AsyncConnection
 ) -> None:
@@ -754,16 +768,7 @@ async def test_the_ending_writers_session_bound_never_reaches_other_statements(
         assert found and all(f == ("0", "0") for f in found), found
 
         # A refused ending gives the kept connection back to the pool.
-        await conn.execute(
-            sql.SQL("""
-            CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$
-            BEGIN
-                IF NEW.status = 'completed' THEN RAISE EXCEPTION 'injected refusal'; END IF;
-                RETURN NEW;
-            END $$;
-            CREATE TRIGGER refuse_completion BEFORE UPDATE ON {t} FOR EACH ROW EXECUTE FUNCTION {fn}();
-        """).format(fn=sql.Identifier(schema, "refuse_completion"), t=table(schema, "agent_run"))
-        )
+        await _refuse_completions(conn, schema)
         refused = await runrow.enqueue(dsn, schema=schema, conversation_id="b", user_id="u", content=1)
         await wait_for(lambda: d.stats["claimed"] == 2 and not d.in_flight, what="the refused run let go")
         assert await status_of(conn, schema, refused.id) == "running"
@@ -779,16 +784,7 @@ async def test_a_rejected_ending_is_left_to_the_reaper(
     """The server refuses the ending (here: a trigger): the worker does not retry a
     refusal, says so, lets the run go, and the reaper records it failed, exactly once."""
     caplog.set_level(logging.WARNING, logger="runrow")
-    await conn.execute(
-        sql.SQL("""
-        CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$
-        BEGIN
-            IF NEW.status = 'completed' THEN RAISE EXCEPTION 'injected refusal'; END IF;
-            RETURN NEW;
-        END $$;
-        CREATE TRIGGER refuse_completion BEFORE UPDATE ON {t} FOR EACH ROW EXECUTE FUNCTION {fn}();
-    """).format(fn=sql.Identifier(schema, "refuse_completion"), t=table(schema, "agent_run"))
-    )
+    await _refuse_completions(conn, schema)
 
     async def agent(run: runrow.RunContext) -> None:
         return None

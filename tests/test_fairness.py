@@ -18,7 +18,7 @@ import runrow
 
 from . import manual
 from .bulk import seed
-from .helpers import assert_journal_sound, rows, table, wait_for
+from .helpers import assert_journal_sound, empty, rows, table, wait_for
 
 pytestmark = pytest.mark.anyio
 
@@ -183,14 +183,7 @@ async def test_one_tenants_batch_is_exactly_the_documented_order(
     # The claim of one tenant's runs against a model of the rules in runrow.tenants:
     # eligible = queued, due, its conversation's oldest queued turn with none running;
     # ranked by priority then age; at most the batch size and what the cap leaves.
-    await conn.execute(
-        sql.SQL("TRUNCATE {}, {}, {}, {}").format(
-            table(schema, "run_event"),
-            table(schema, "agent_run"),
-            table(schema, "message"),
-            table(schema, "tenant_policy"),
-        )
-    )
+    await empty(conn, schema)
     for conversation, priority, delayed in turns:
         await _enqueue(
             dsn,

@@ -17,7 +17,7 @@ from runrow.cli import main
 
 from . import manual
 from .bulk import seed
-from .helpers import enqueue_turn, rows, table
+from .helpers import empty, enqueue_turn, rows, table
 
 pytestmark = pytest.mark.anyio
 
@@ -121,14 +121,7 @@ async def test_exact_positions_are_the_successive_claim_order(
     weights: tuple[int, int, int],
     started: int,
 ) -> None:
-    await conn.execute(
-        sql.SQL("TRUNCATE {}, {}, {}, {}").format(
-            table(schema, "run_event"),
-            table(schema, "agent_run"),
-            table(schema, "message"),
-            table(schema, "tenant_policy"),
-        )
-    )
+    await empty(conn, schema)
     for tenant, weight in zip("ABC", weights, strict=True):
         await runrow.set_tenant_policy(dsn, tenant, weight=weight, schema=schema)
     made = [
