@@ -99,12 +99,18 @@ WITH RECURSIVE me AS (
     FROM others o, walk w
 ), walked AS (
     -- u's queue in claim order, as far as the run at u's offset `before` (the one that
-    -- may tie) or its share of the cap, whichever comes first.
-    SELECT b.*, least(b.before + 1, b.per_tenant) AS lim, x.n, x.first, x.last
+    -- may tie) or its share of the cap, whichever comes first; the last run
+    -- walked, in claim order (final_priority, final_order): the one that may tie when the
+    -- walk reached it.
+    SELECT b.*, least(b.before + 1, b.per_tenant) AS lim, x.n, x.first, x.last, x.final_priority,
+           x.final_order
     FROM before b,
     LATERAL (
-        SELECT count(*) AS n, min(y.queue_order) AS first, max(y.queue_order) AS last FROM (
-            SELECT t.queue_order FROM {schema}.agent_run t
+        SELECT count(*) AS n, min(y.queue_order) AS first, max(y.queue_order) AS last,
+               (array_agg(y.priority ORDER BY y.priority, y.queue_order DESC))[1] AS final_priority,
+               (array_agg(y.queue_order ORDER BY y.priority, y.queue_order DESC))[1] AS final_order
+        FROM (
+            SELECT t.priority, t.queue_order FROM {schema}.agent_run t
             WHERE t.status = 'queued' AND t.tenant_key = b.tenant_key
             ORDER BY t.priority DESC, t.queue_order
             LIMIT CASE WHEN b.d < 0 THEN 0 ELSE least(b.before + 1, b.per_tenant) END) y) x
@@ -114,12 +120,8 @@ WITH RECURSIVE me AS (
              WHEN w.n < w.lim THEN w.n  -- u has fewer queued: all of them
              WHEN w.before < w.lim THEN w.before + CASE
                  WHEN mod(w.d, w.my_weight) = 0
-                 THEN (SELECT (t.priority > w.my_priority
-                               OR (t.priority = w.my_priority AND t.queue_order < w.my_order))::int
-                       FROM {schema}.agent_run t
-                       WHERE t.status = 'queued' AND t.tenant_key = w.tenant_key
-                       ORDER BY t.priority DESC, t.queue_order
-                       OFFSET w.before LIMIT 1)
+                 THEN (w.final_priority > w.my_priority
+                       OR (w.final_priority = w.my_priority AND w.final_order < w.my_order))::int
                  ELSE 0 END
              ELSE least(w.before, greatest(w.n, round(w.n * (greatest(w.last, (
                  SELECT t.queue_order FROM {schema}.agent_run t
