@@ -65,7 +65,9 @@ def nodes(plan, depth=0, out=None):
         d += f" {plan['Relation Name']}"
     if plan.get("Join Type"):
         d += f" ({plan['Join Type']})"
-    d += f" rows={plan.get('Actual Rows')}x{plan.get('Actual Loops')} est={plan.get('Plan Rows')}"
+    d += f" rows={plan.get('Actual Rows')}x{plan.get('Actual Loops')} est={plan.get('Plan Rows')} bufs={bufs(plan)}"
+    if plan.get("Heap Fetches"):
+        d += f" heap={plan['Heap Fetches']}"
     out.append("  " * depth + d)
     for p in plan.get("Plans", []):
         nodes(p, depth + 1, out)

@@ -215,6 +215,91 @@ async def test_one_tenants_batch_is_exactly_the_documented_order(
     assert sorted(r["id"] for r in got) == sorted(r[0] for r in eligible[:room])
 
 
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    # (tenant, conversation, priority, delayed an hour): conversations belong to a tenant;
+    # a few per tenant so that a tenant's first run is often blocked (its conversation busy,
+    # an older turn waiting, or not yet due) and the claim must look past it.
+    turns=st.lists(
+        st.tuples(
+            st.sampled_from(["A", "B", "C", None]),
+            st.sampled_from("xyz"),
+            st.sampled_from([0, 1]),
+            st.booleans(),
+        ),
+        min_size=2,
+        max_size=18,
+    ),
+    weights=st.fixed_dictionaries({"A": st.integers(1, 3), "B": st.integers(1, 3)}),
+    cap=st.none() | st.integers(min_value=1, max_value=2),
+    # after each claim: end the oldest running run first (True) or keep it running (False)
+    ends=st.lists(st.booleans(), min_size=1, max_size=24),
+)
+async def test_every_single_claim_across_tenants_is_exactly_the_documented_pick(
+    dsn: str,
+    schema: str,
+    conn: psycopg.AsyncConnection,
+    turns: list[tuple[str | None, str, int, bool]],
+    weights: dict[str, int],
+    cap: int | None,
+    ends: list[bool],
+) -> None:
+    # Against a model of the rules in runrow.tenants: among each tenant's eligible runs
+    # (queued, due, its conversation's oldest queued turn with none running), the first by
+    # (priority DESC, age) is its offer; a tenant at its cap offers nothing; the claim takes
+    # the offer with the smallest running / weight, then the highest priority, then the oldest.
+    await empty(conn, schema)
+    for tenant, conversation, priority, delayed in turns:
+        await _enqueue(
+            dsn,
+            schema,
+            tenant,
+            f"{tenant}-{conversation}",
+            priority=priority,
+            not_before=timedelta(hours=1) if delayed else None,
+        )
+    for tenant, weight in weights.items():
+        await runrow.set_tenant_policy(dsn, tenant, weight=weight, schema=schema)
+    if cap is not None:
+        await runrow.set_tenant_policy(dsn, "C", max_running=cap, schema=schema)
+    weight_of = {**weights, "C": 1, "": 1}
+    held: list[tuple[uuid.UUID, uuid.UUID]] = []  # running, oldest claim first
+    for end_one in ends:
+        state = await rows(
+            conn,
+            sql.SQL(
+                "SELECT id, tenant_key, conversation_id, status, priority, queue_order,"
+                " coalesce(not_before <= now(), true) FROM {}"
+            ).format(table(schema, "agent_run")),
+        )
+        queued = [r for r in state if r[3] == "queued"]
+        busy = {r[2] for r in state if r[3] == "running"}
+        running: dict[str, int] = {}
+        for r in state:
+            if r[3] == "running":
+                running[r[1]] = running.get(r[1], 0) + 1
+        oldest = {c: min(r[5] for r in queued if r[2] == c) for c in {r[2] for r in queued}}
+        offers = []
+        for tenant in {r[1] for r in queued}:
+            if tenant == "C" and cap is not None and running.get("C", 0) >= cap:
+                continue
+            eligible = sorted(
+                (r for r in queued if r[1] == tenant and r[6] and r[2] not in busy and r[5] == oldest[r[2]]),
+                key=lambda r: (-r[4], r[5]),
+            )
+            if eligible:
+                first = eligible[0]
+                offers.append((running.get(tenant, 0) / weight_of[tenant], -first[4], first[5], first[0]))
+        got = await manual.claim(conn, schema, limit=1)
+        assert [r["id"] for r in got] == ([min(offers)[3]] if offers else [])
+        held += [(r["id"], r["claim_token"]) for r in got]
+        if end_one and held:
+            run_id, token = held.pop(0)
+            assert await manual.finalize(conn, schema, run_id, token, "completed", 3)
+        if not got and not held:
+            break
+
+
 async def _explain_claim(conn: psycopg.AsyncConnection, schema: str) -> dict[str, int]:
     from runrow import _sql
 

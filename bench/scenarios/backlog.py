@@ -20,6 +20,7 @@ the state cannot change under the measurement) and fresh (ANALYZE after the burs
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -352,7 +353,11 @@ async def backlog(b: Bench) -> tuple[list[Row], dict[str, Any]]:
     meta: dict[str, Any] = {"depth": depth, "window": p.backlog_window, "cap_seconds": p.backlog_cap}
     rows: list[Row] = []
     blocks = p.reps + 1
+    # BACKLOG_CASES=b (say) runs only those cases: for iterating on one of them.
+    only = os.environ.get("BACKLOG_CASES", "a,b,c").split(",")
     for case, (base, deep) in shapes(depth, p.backlog_big).items():
+        if case not in only:
+            continue
         async with b.schema(f"bl{case}0") as s0, b.schema(f"bl{case}1") as s1:
             seeded = [
                 await seed(b.conninfo, s0, base, analyze=False),
