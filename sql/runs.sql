@@ -141,9 +141,11 @@ WHERE a.user_id = %(user_id)s AND a.idempotency_key = %(idempotency_key)s
 -- queue_order); across tenants runs go by (running + k - 1) / weight ascending (the
 -- tenant's share after taking this run), then priority DESC, then queue_order.
 -- Cost: the tenants with queued work are found by a skip scan of the fair index (one
--- probe each); each tenant offers its first eligible run and, if its share is low
--- enough to matter, a few more (see threshold), read from the index in claim order, so
--- a hot tenant's long queue is never scanned (on statistics that say nothing is queued,
+-- probe each, which also brings the tenant's first run); each tenant offers its first
+-- eligible run and, if its share is low enough to matter, a few more (see threshold).
+-- Only a tenant that offers more than one run, or whose first run cannot start, reads
+-- its queue again (in claim order, from the index), so a hot tenant's long queue is
+-- never scanned (on statistics that say nothing is queued,
 -- the planner may still read it once per claim: linear, never once per queued run; see
 -- tests/test_claim_plan.py). Only the best candidates are locked
 -- (SKIP LOCKED, in claim order, stopping at %(limit)s); those a concurrent claim holds
@@ -156,14 +158,19 @@ WHERE a.user_id = %(user_id)s AND a.idempotency_key = %(idempotency_key)s
 -- planning the whole statement again on every call (about half of the claim's cost).
 WITH RECURSIVE lim (n) AS (
     SELECT %(limit)s::bigint
-), tenants (tenant_key) AS (
-    (SELECT r.tenant_key FROM {schema}.agent_run r
-     WHERE r.status = 'queued' ORDER BY r.tenant_key LIMIT 1)
+), tenants (tenant_key, id, priority, queue_order, conversation_id, not_before) AS (
+    -- The skip scan: each tenant's first queued run in claim order, one index probe per
+    -- tenant. The row itself comes along (its heap tuple), so a tenant that offers just
+    -- its first run (most of them, with many tenants) needs no second probe below.
+    (SELECT r.tenant_key, r.id, r.priority, r.queue_order, r.conversation_id, r.not_before
+     FROM {schema}.agent_run r
+     WHERE r.status = 'queued' ORDER BY r.tenant_key, r.priority DESC, r.queue_order LIMIT 1)
     UNION ALL
-    SELECT (SELECT r.tenant_key FROM {schema}.agent_run r
-            WHERE r.status = 'queued' AND r.tenant_key > t.tenant_key
-            ORDER BY r.tenant_key LIMIT 1)
-    FROM tenants t WHERE t.tenant_key IS NOT NULL
+    SELECT n.* FROM tenants t CROSS JOIN LATERAL (
+        SELECT r.tenant_key, r.id, r.priority, r.queue_order, r.conversation_id, r.not_before
+        FROM {schema}.agent_run r
+        WHERE r.status = 'queued' AND r.tenant_key > t.tenant_key
+        ORDER BY r.tenant_key, r.priority DESC, r.queue_order LIMIT 1) n
 ), running AS (
     SELECT r.tenant_key, count(*) AS n FROM {schema}.agent_run r
     WHERE r.status = 'running' GROUP BY r.tenant_key
@@ -172,7 +179,7 @@ WITH RECURSIVE lim (n) AS (
     -- that concurrent claimers that lose a lock race (SKIP LOCKED) still find others.
     SELECT greatest((SELECT n FROM lim),
                     ceil(4.0 * (SELECT n FROM lim) / greatest(1, count(*)))::bigint) AS per_tenant
-    FROM tenants WHERE tenant_key IS NOT NULL
+    FROM tenants
 ), share AS (
     SELECT t.tenant_key, coalesce(ru.n, 0) AS running, coalesce(p.weight, 1) AS weight,
            CASE WHEN p.max_running IS NULL THEN depth.per_tenant
@@ -180,7 +187,6 @@ WITH RECURSIVE lim (n) AS (
     FROM depth, tenants t
     LEFT JOIN running ru ON ru.tenant_key = t.tenant_key
     LEFT JOIN {schema}.tenant_policy p ON p.tenant_key = t.tenant_key
-    WHERE t.tenant_key IS NOT NULL
 ), threshold AS (
     -- The 4 x %(limit)s-th smallest load if every tenant had room runs eligible. A
     -- tenant's runs past it cannot be among the best 4 x %(limit)s, so it offers only
@@ -196,12 +202,33 @@ WITH RECURSIVE lim (n) AS (
                 ELSE greatest(1, least(s.room, floor(th.load * s.weight - s.running + 1e-9)::bigint + 1))
            END AS offer
     FROM share s LEFT JOIN threshold th ON true
+), head AS (
+    -- Can each tenant's first run start now? (The same checks as the walk below.)
+    SELECT t.tenant_key, t.id, t.priority, t.queue_order,
+           (t.not_before IS NULL OR t.not_before <= coalesce(%(now)s::timestamptz, now()))
+           AND NOT EXISTS (
+               SELECT 1 FROM {schema}.agent_run o
+               WHERE o.conversation_id = t.conversation_id AND o.status = 'running'
+               OFFSET 0)
+           AND NOT EXISTS (
+               SELECT 1 FROM {schema}.agent_run o
+               WHERE o.conversation_id = t.conversation_id
+                 AND o.status IN ('queued', 'running') AND o.queue_order < t.queue_order
+               OFFSET 0) AS ready
+    FROM tenants t
 ), ranked AS (
+    -- A tenant that offers one run and whose first run is ready offers exactly that run
+    -- (k = 1); any other tenant walks its queue from the start, as follows.
+    SELECT h.id, h.priority, h.queue_order, s.running::float8 / s.weight AS load
+    FROM sized s JOIN head h ON h.tenant_key = s.tenant_key
+    WHERE s.offer = 1 AND h.ready
+    UNION ALL
     SELECT h.id, h.priority, h.queue_order,
            (s.running + row_number() OVER (PARTITION BY s.tenant_key
                                            ORDER BY h.priority DESC, h.queue_order) - 1)::float8
                / s.weight AS load
     FROM sized s
+    JOIN head hd ON hd.tenant_key = s.tenant_key AND (s.offer > 1 OR (s.offer = 1 AND NOT hd.ready))
     CROSS JOIN LATERAL (
         SELECT r.id, r.priority, r.queue_order
         FROM {schema}.agent_run r

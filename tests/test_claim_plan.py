@@ -28,8 +28,9 @@ pytestmark = pytest.mark.anyio
 BURST = 400
 
 
-async def _history_then_burst(conn: psycopg.AsyncConnection, schema: str) -> None:
-    """2,000 finished runs, ANALYZE with nothing queued, then a burst of queued runs."""
+async def _history_then_burst(conn: psycopg.AsyncConnection, schema: str, tenants: int = 0) -> None:
+    """2,000 finished runs, ANALYZE with nothing queued, then a burst of queued runs
+    (of the default tenant, or spread over ``tenants`` tenants: the fair path)."""
     await seed(conn, schema, tenant=None, n=2_000, conversations=2_000, prefix="old")
     await conn.execute(
         sql.SQL(
@@ -40,24 +41,39 @@ async def _history_then_burst(conn: psycopg.AsyncConnection, schema: str) -> Non
     await conn.execute(sql.SQL("ANALYZE {}").format(table(schema, "agent_run")))
     # The burst: inserted after the ANALYZE, so the statistics still say none is queued
     # (seed()'s own statement, without the ANALYZE seed() runs after it).
-    await conn.execute(
-        sql.SQL(SEED).format(
-            run=table(schema, "agent_run"), message=table(schema, "message"), event=table(schema, "run_event")
-        ),
-        {"prefix": "burst", "conversations": BURST // 2, "tenant": None, "n": BURST},
+    query = sql.SQL(SEED).format(
+        run=table(schema, "agent_run"), message=table(schema, "message"), event=table(schema, "run_event")
     )
+    if not tenants:
+        await conn.execute(
+            query, {"prefix": "burst", "conversations": BURST // 2, "tenant": None, "n": BURST}
+        )
+    for k in range(tenants):
+        await conn.execute(
+            query,
+            {
+                "prefix": f"burst{k}",
+                "conversations": BURST // tenants // 2,
+                "tenant": f"t{k}",
+                "n": BURST // tenants,
+            },
+        )
 
 
 def _buffers(plan: dict[str, Any]) -> int:
     return int(plan.get("Shared Hit Blocks", 0)) + int(plan.get("Shared Read Blocks", 0))
 
 
-@pytest.mark.parametrize("statement", ["claim", "claim_fifo"])
+@pytest.mark.parametrize(
+    ("statement", "tenants"),
+    [("claim", 0), ("claim", 20), ("claim_fifo", 0)],
+    ids=["claim", "claim-20-tenants", "claim_fifo"],
+)
 @pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
 async def test_a_claim_after_a_burst_on_stale_statistics_is_not_quadratic(
-    conn: psycopg.AsyncConnection, schema: str, statement: str, generic: bool
+    conn: psycopg.AsyncConnection, schema: str, statement: str, tenants: int, generic: bool
 ) -> None:
-    await _history_then_burst(conn, schema)
+    await _history_then_burst(conn, schema, tenants)
     params = {"limit": 4, "lease_seconds": 30.0, "worker_id": "plan-test", "now": None}
     query = _sql.statement(statement, schema)
     async with conn.transaction(force_rollback=True):
