@@ -127,7 +127,7 @@ PROFILES = {
         drain_max=6_000,
         peer_reps=5,
         backlog_warmup=100,
-        backlog_reps=5,
+        backlog_reps=9,
         backlog_cap=40.0,
         backlog_samples=200,
     ),

@@ -15,11 +15,14 @@ a real ``runrow.Dispatcher`` at concurrency 16 running no-op agents; the clock c
 window of runs (after a short warm-up), not the whole backlog, so the queue stays at
 depth while measured. The statistics are measured both ways a burst leaves them: stale
 (ANALYZE ran on the history, before the burst; autovacuum is kept off these tables so
-the state cannot change under the measurement) and fresh (ANALYZE after the burst).
+the state cannot change under the measurement) and fresh (VACUUM ANALYZE after the
+burst). The four queues of a case (2,000 and deep, stale and fresh) live in their own
+schemas and their drain windows are taken in interleaved rounds, each from full depth.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import time
@@ -166,6 +169,7 @@ class Drain:
     runs: int  # runs completed in the window
     seconds: float
     claim_ms: float  # median claim statement time in the window (the Dispatcher's own clock)
+    per_claim: float  # runs per claim that returned runs, in the window
     capped: bool  # the window hit its time cap before N runs
     reps: list[float] = field(default_factory=list)  # runs/s of every window (drain())
 
@@ -195,7 +199,10 @@ async def drain_window(conninfo: str, schema: str, warmup: int, window: int, cap
         if d.stats["failed"]:
             raise RuntimeError(f"{d.stats['failed']} runs failed in the backlog drain")
     window_claims = claims.ms[k0:] or claims.ms or [float("nan")]
-    return Drain((c1 - c0) / (t1 - t0), c1 - c0, t1 - t0, statistics.median(window_claims), c1 - c0 < window)
+    per_claim = (c1 - c0) / max(1, len(claims.ms) - k0)
+    return Drain(
+        (c1 - c0) / (t1 - t0), c1 - c0, t1 - t0, statistics.median(window_claims), per_claim, c1 - c0 < window
+    )
 
 
 async def top_up(conninfo: str, schema: str, shape: Shape) -> int:
@@ -308,7 +315,8 @@ def _drain_row(case: str, what: str, got: Drain, base: Drain, base_label: str, g
     r = ratio(got.rate, base.rate)
     note = (
         f"median of {len(got.reps)}: {got.runs} runs in {got.seconds:.2f}s{' (time cap)' if got.capped else ''}, "
-        f"claim median {got.claim_ms:.1f} ms vs {base.claim_ms:.1f} ms"
+        f"claim median {got.claim_ms:.1f} ms vs {base.claim_ms:.1f} ms, "
+        f"{got.per_claim:.1f} vs {base.per_claim:.1f} runs per claim"
     )
     return Row(
         "backlog",
@@ -358,45 +366,50 @@ async def backlog(b: Bench) -> tuple[list[Row], dict[str, Any]]:
     for case, (base, deep) in shapes(depth, p.backlog_big).items():
         if case not in only:
             continue
-        async with b.schema(f"bl{case}0") as s0, b.schema(f"bl{case}1") as s1:
-            seeded = [
-                await seed(b.conninfo, s0, base, analyze=False),
-                await seed(b.conninfo, s1, deep, analyze=False),
-            ]
+        async with contextlib.AsyncExitStack() as stack:
+            # Four queues, each in its own schema: the 2,000 and the deep one, each with
+            # statistics left stale by the burst and with fresh ones (what autovacuum
+            # leaves once it has run: VACUUM ANALYZE). Their drain windows are taken in
+            # interleaved rounds, so that a slow stretch of this shared machine falls on
+            # all four alike instead of on whichever was measured then.
+            queues: dict[str, tuple[str, Shape]] = {}
+            seeded = []
+            for key, shape, fresh in (
+                ("s0", base, False),
+                ("s1", deep, False),
+                ("f0", base, True),
+                ("f1", deep, True),
+            ):
+                schema = await stack.enter_async_context(b.schema(f"bl{case}{key}"))
+                seeded.append(await seed(b.conninfo, schema, shape, analyze=False))
+                if fresh:
+                    await _analyze(b.conninfo, schema)
+                queues[key] = (schema, shape)
             meta[f"seed_seconds_{case}"] = [round(x, 1) for x in seeded]
-
-            async def drain(schema: str, shape: Shape) -> Drain:
-                """The median of backlog_reps windows, each from the shape's full depth."""
-                got = []
-                for _ in range(p.backlog_reps):
+            windows: dict[str, list[Drain]] = {key: [] for key in queues}
+            order = list(queues)
+            for r in range(p.backlog_reps):
+                for key in order[r % len(order) :] + order[: r % len(order)]:
+                    schema, shape = queues[key]
                     await top_up(b.conninfo, schema, shape)
                     await b.quiesce()
-                    got.append(
+                    windows[key].append(
                         await drain_window(
                             b.conninfo, schema, p.backlog_warmup, p.backlog_window, p.backlog_cap
                         )
                     )
-                med = sorted(got, key=lambda d: d.rate)[len(got) // 2]
-                med.reps = [d.rate for d in got]
-                return med
-
-            # Stale: the statistics still describe the history (nothing queued).
-            stale0 = await drain(s0, base)
-            stale1 = await drain(s1, deep)
-            d_stale = None
+            stale0, stale1, fresh0, fresh1 = (_median(windows[k]) for k in ("s0", "s1", "f0", "f1"))
+            d_stale = d_fresh = None
+            for key in queues:
+                await top_up(b.conninfo, *queues[key])
             if case in ("a", "b") and p.backlog_stale_d:
-                await top_up(b.conninfo, s0, base)
-                await top_up(b.conninfo, s1, deep)
-                d_stale = await sample_d(b, s0, base, s1, deep, p.backlog_samples, p.backlog_cap)
-            # Fresh: what autovacuum leaves once it has run (VACUUM ANALYZE).
-            await _analyze(b.conninfo, s0, s1)
-            fresh1 = await drain(s1, deep)
-            fresh0 = await drain(s0, base)
-            d_fresh = None
+                d_stale = await sample_d(
+                    b, queues["s0"][0], base, queues["s1"][0], deep, p.backlog_samples, p.backlog_cap
+                )
             if case in ("a", "b"):
-                await top_up(b.conninfo, s0, base)
-                await top_up(b.conninfo, s1, deep)
-                d_fresh = await sample_d(b, s0, base, s1, deep, p.backlog_samples, p.backlog_cap)
+                d_fresh = await sample_d(
+                    b, queues["f0"][0], base, queues["f1"][0], deep, p.backlog_samples, p.backlog_cap
+                )
         label = f"{base.label}, fresh stats"
         goal = case in ("a", "b")
         rows.append(_drain_row(case, f"{deep.label}, fresh stats", fresh1, fresh0, label, goal))
@@ -408,3 +421,10 @@ async def backlog(b: Bench) -> tuple[list[Row], dict[str, Any]]:
         if d_stale:
             rows += _d_rows(case, limits, d_stale, "stale", blocks)
     return rows, meta
+
+
+def _median(got: list[Drain]) -> Drain:
+    """The window with the median rate, carrying every window's rate."""
+    med = sorted(got, key=lambda d: d.rate)[len(got) // 2]
+    med.reps = [d.rate for d in got]
+    return med
