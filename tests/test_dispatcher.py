@@ -778,6 +778,24 @@ async def test_the_ending_writers_session_bound_never_reaches_other_statements(
         assert found and all(f == ("0", "0") for f in found), found
 
 
+
+async def test_a_clean_shutdown_logs_no_warning(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Runs end, the dispatcher stops: nothing went wrong, so nothing is logged at
+    WARNING or above, by runrow or by the pool (a connection handed back closed makes
+    psycopg_pool warn "discarding closed connection")."""
+    caplog.set_level(logging.WARNING)
+
+    async def agent(run: runrow.RunContext) -> None:
+        await run.text("hi")
+
+    async with runrow.Dispatcher(dsn, agent, schema=schema, **FAST) as d:
+        for k in range(3):
+            await runrow.enqueue(dsn, schema=schema, conversation_id=f"c{k}", user_id="u", content=k)
+        await wait_for(lambda: d.stats["completed"] == 3, what="three endings")
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
 async def test_a_rejected_ending_is_left_to_the_reaper(
     dsn: str, schema: str, conn: psycopg.AsyncConnection, caplog: pytest.LogCaptureFixture
 ) -> None:
