@@ -450,8 +450,15 @@ SELECT set_config('statement_timeout', %(timeout)s, true), set_config('lock_time
 -- The same bound for the session of the ending writer's own connection (one runrow
 -- opened and keeps; never the host's, never behind a transaction pooler), set once with
 -- the first finalize it carries: later endings whose budget leaves at least this much
--- time are sent alone. Sessions that carry it go back to the pool closed, not reused.
+-- time are sent alone. The bound comes off (ending_budget_unset) before the connection
+-- goes back to the pool; if that fails, the connection is closed instead.
 SELECT set_config('statement_timeout', %(timeout)s, false), set_config('lock_timeout', %(timeout)s, false)
+
+-- name: ending_budget_unset
+-- Both settings back to the values the session started with (its reset values: the
+-- server's, the role's, or the connection's own options).
+SELECT set_config(name, reset_val, false) FROM pg_settings
+WHERE name IN ('statement_timeout', 'lock_timeout')
 
 -- name: ending_landed
 -- After an ending's answer was lost (connection cut) and its retry's fence matched

@@ -245,6 +245,10 @@ def describe(exc: BaseException) -> str:
     return f"{name}: {exc}" if str(exc) else name
 
 
+# How long giving a kept connection back may spend taking a session setting off.
+_UNDO_SECONDS = 2.0
+
+
 class HeldConnection:
     """One pooled connection that a serial loop (the claim loop, a group-commit writer)
     keeps between its statements instead of taking one from the pool each time.
@@ -259,16 +263,17 @@ class HeldConnection:
         self._pool = pool
         self._min_pool = min_pool
         self._conn: AsyncConnection | None = None
-        self._session_changed = False
+        self._undo: bytes | None = None
 
     def keeps(self, conn: AsyncConnection) -> bool:
         """Whether ``conn`` is the connection kept here (not one taken for one statement)."""
         return conn is self._conn
 
-    def session_changed(self) -> None:
-        """The kept connection's session now carries a setting of the loop's own: it is
-        closed, not handed to the pool's other users, when it is given back."""
-        self._session_changed = True
+    def session_changed(self, undo: bytes) -> None:
+        """The kept connection's session now carries a setting of the loop's own. When
+        the connection is given back, ``undo`` (a statement) takes it off first; if that
+        fails, the connection is closed instead of handed to the pool's other users."""
+        self._undo = undo
 
     @asynccontextmanager
     async def statement(self) -> AsyncIterator[AsyncConnection]:
@@ -291,8 +296,20 @@ class HeldConnection:
     async def release(self) -> None:
         """Gives the kept connection back to the pool (at shutdown, or after a failure)."""
         conn, self._conn = self._conn, None
-        changed, self._session_changed = self._session_changed, False
+        undo, self._undo = self._undo, None
         if conn is not None:
-            if changed:
+            if undo is not None and not await _undone(conn, undo):
                 await conn.close()  # the pool discards it (and opens another if it needs one)
             await self._pool().putconn(conn)
+
+
+async def _undone(conn: AsyncConnection, undo: bytes) -> bool:
+    """Runs ``undo`` on an idle connection, within a short bound; False if it did not."""
+    if conn.closed or conn.info.transaction_status != TransactionStatus.IDLE:
+        return False
+    try:
+        with anyio.fail_after(_UNDO_SECONDS):
+            await conn.execute(undo)
+    except Exception:  # broken, refused or too slow: the caller closes the connection
+        return False
+    return True

@@ -380,6 +380,7 @@ class Dispatcher:
             "finalize": _sql.statement("finalize", schema),
             "ending_budget": _sql.statement("ending_budget", schema),
             "ending_budget_session": _sql.statement("ending_budget_session", schema),
+            "ending_budget_unset": _sql.statement("ending_budget_unset", schema),
             "flush_landed": _sql.statement("flush_landed", schema),
             "ending_landed": _sql.statement("ending_landed", schema),
             "append_events": _sql.statement("append_events", schema),
@@ -1138,7 +1139,7 @@ class Dispatcher:
                     # The first ending on this kept connection: the session's bound goes
                     # with it (rolled back with it if it fails: then set by the next one).
                     # Marked first: however this ends, the connection is not reused as is.
-                    held.session_changed()
+                    held.session_changed(self._queries["ending_budget_unset"])
                     async with conn.pipeline():
                         await conn.execute(
                             self._queries["ending_budget_session"],
