@@ -1138,7 +1138,8 @@ class Dispatcher:
                 elif session:
                     # The first ending on this kept connection: the session's bound goes
                     # with it (rolled back with it if it fails: then set by the next one).
-                    # Marked first: however this ends, the connection is not reused as is.
+                    # Marked first: however this ends, the bound comes off before the
+                    # connection serves anything else.
                     held.session_changed(self._queries["ending_budget_unset"])
                     async with conn.pipeline():
                         await conn.execute(
