@@ -781,6 +781,27 @@ async def test_the_ending_writers_session_bound_never_reaches_other_statements(
         found = await pool_settings(d)
         assert found and all(f == ("0", "0") for f in found), found
 
+        # The pool hands that same connection to the ending writer again: its session no
+        # longer carries the bound, so the next ending must set it again, not go alone.
+        await conn.execute(sql.SQL("DROP TRIGGER refuse_completion ON {}").format(table(schema, "agent_run")))
+        assert not kept.closed  # a healthy connection: its bound came off, it went back open
+        others = []
+        try:
+            for _ in range(d.pool.get_stats().get("pool_available", 0)):
+                c = await d.pool.getconn(timeout=1.0)
+                if c is kept:
+                    await d.pool.putconn(c)
+                    break
+                others.append(c)
+            again = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content=1)
+            await wait_for(lambda: is_terminal(conn, schema, again.id), what="the next ending")
+        finally:
+            for c in others:
+                await d.pool.putconn(c)
+        assert d._finalize_conn._conn is kept, "the ending writer took another connection"
+        cur = await kept.execute("SELECT current_setting('statement_timeout')")
+        assert (await cur.fetchone()) != ("0",), "an ending went out on the reused connection unbounded"
+
 
 async def test_a_clean_shutdown_logs_no_warning(
     dsn: str, schema: str, conn: psycopg.AsyncConnection, caplog: pytest.LogCaptureFixture
