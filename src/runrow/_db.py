@@ -269,6 +269,12 @@ class HeldConnection:
         """Whether ``conn`` is the connection kept here (not one taken for one statement)."""
         return conn is self._conn
 
+    def carries(self, conn: AsyncConnection) -> bool:
+        """Whether ``conn`` is the kept connection and its session carries the loop's
+        setting (a connection given back has had it taken off, even if the pool hands
+        the same one out again)."""
+        return conn is self._conn and self._undo is not None
+
     def session_changed(self, undo: bytes) -> None:
         """The kept connection's session now carries a setting of the loop's own. When
         the connection is given back, ``undo`` (a statement) takes it off first; if that

@@ -352,8 +352,6 @@ class Dispatcher:
         # out in turn), and no pool round trip per statement.
         self._claim_conn = HeldConnection(lambda: self.pool, min_pool=2)
         self._finalize_conn = HeldConnection(lambda: self.pool, min_pool=4)
-        # The kept connection whose session carries _session_budget (see _finalize_batch).
-        self._finalize_conn_budgeted: AsyncConnection | None = None
         self._append_conn = HeldConnection(lambda: self.pool, min_pool=6)
         self._loops: list[anyio.CancelScope] = []
         self._loops_running = 0
@@ -1133,13 +1131,14 @@ class Dispatcher:
                 cur = conn.cursor()
                 held = self._finalize_conn
                 session = held.keeps(conn) and jit_off_session(conn) and left >= self._session_budget
-                if session and self._finalize_conn_budgeted is conn:
+                if session and held.carries(conn):
                     await cur.execute(self._queries["finalize"], params)
                 elif session:
                     # The first ending on this kept connection: the session's bound goes
-                    # with it (rolled back with it if it fails: then set by the next one).
-                    # Marked first: however this ends, the bound comes off before the
-                    # connection serves anything else.
+                    # with it. Marked first: if this fails (the bound is then rolled back
+                    # with it), the connection is given back and the mark goes with it;
+                    # however this ends, the bound comes off before the connection serves
+                    # anything else.
                     held.session_changed(self._queries["ending_budget_unset"])
                     async with conn.pipeline():
                         await conn.execute(
@@ -1147,7 +1146,6 @@ class Dispatcher:
                             {"timeout": f"{int(self._session_budget * 1000)}ms"},
                         )
                         await cur.execute(self._queries["finalize"], params)
-                    self._finalize_conn_budgeted = conn
                 else:
                     # (ending_budget also turns JIT off for the finalize: no guard here.)
                     async with conn.pipeline():
