@@ -145,9 +145,9 @@ WHERE a.user_id = %(user_id)s AND a.idempotency_key = %(idempotency_key)s
 -- eligible run and, if its share is low enough to matter, a few more (see threshold).
 -- Only a tenant that offers more than one run, or whose first run cannot start, reads
 -- its queue again (in claim order, from the index), so a hot tenant's long queue is
--- never scanned (on statistics that say nothing is queued,
--- the planner may still read it once per claim: linear, never once per queued run; see
--- tests/test_claim_plan.py). Only the best candidates are locked
+-- never scanned (on statistics that say nothing is queued, the planner may still read
+-- it once per claim: linear, never once per queued run; see tests/test_claim_plan.py).
+-- Only the best candidates are locked
 -- (SKIP LOCKED, in claim order, stopping at %(limit)s); those a concurrent claim holds
 -- are skipped. A single claim's pick is exact; a batch is exact unless tenants' runs are
 -- blocked (conversation order, not_before), when it may come back smaller. With one
