@@ -10,7 +10,7 @@ import pytest
 
 import runrow
 from runrow import _json, _sql
-from runrow.dispatcher import DEADLINE_ERROR, reap_expired
+from runrow._engine.dispatcher import DEADLINE_ERROR, reap_expired
 
 from . import manual
 from .helpers import assert_journal_sound, run_row, status_of, wait_for

@@ -15,7 +15,7 @@ from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 import runrow
-from runrow.dispatcher import reap_expired
+from runrow._engine.dispatcher import reap_expired
 
 from . import manual
 from .chaos.proxy import Proxy

@@ -24,8 +24,8 @@ import httpx
 import psycopg
 import pytest
 
+from runrow._errors import ConfigurationError
 from runrow.embedded import EmbeddedPostgres
-from runrow.errors import ConfigurationError
 
 from .demo_support import auth, free_port
 

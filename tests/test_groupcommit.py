@@ -8,7 +8,7 @@ import anyio
 import psycopg
 import pytest
 
-from runrow._groupcommit import GroupCommit, WriterStopped
+from runrow._engine.groupcommit import GroupCommit, WriterStopped
 
 pytestmark = pytest.mark.anyio
 

@@ -8,7 +8,7 @@ import pytest
 from psycopg import sql
 
 import runrow
-from runrow.hub import RECONNECTED, check_channel
+from runrow._hub import RECONNECTED, check_channel
 
 from .chaos.proxy import Proxy
 from .helpers import wait_for

@@ -296,7 +296,7 @@ async def test_resuming_after_the_ending_yields_nothing(
 
 
 def test_deltas_are_checked_without_serialising_the_whole_event() -> None:
-    from runrow.journal import validate_event
+    from runrow._events import validate_event
 
     assert validate_event({"type": "content_delta", "delta": "hé"}, 10) == ("content_delta", {"delta": "hé"})
     for bad in (
@@ -314,7 +314,7 @@ def test_deltas_are_checked_without_serialising_the_whole_event() -> None:
 def test_event_types_are_short_identifiers() -> None:
     """A type is an ASCII identifier of at most 64 characters (#17): a lone surrogate,
     a NUL, a newline or an endless type is refused at emit, before it reaches a batch."""
-    from runrow.journal import MAX_EVENT_TYPE_LENGTH, validate_event
+    from runrow._events import MAX_EVENT_TYPE_LENGTH, validate_event
 
     for good in ("tool_call_started", "http.response.start", "ns:step-2", "x", "T" * MAX_EVENT_TYPE_LENGTH):
         assert validate_event({"type": good, "v": 1}, 100) == (good, {"v": 1})

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 import runrow
-from runrow.dispatcher import reap_expired
+from runrow._engine.dispatcher import reap_expired
 
 from . import manual
 from .helpers import assert_journal_sound, enqueue_turn, status_of, wait_for

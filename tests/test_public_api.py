@@ -10,7 +10,6 @@ EXPECTED = {
     "Agent",
     "ConfigurationError",
     "ConversationBusy",
-    "Database",
     "Dispatcher",
     "Draft",
     "DrainReport",

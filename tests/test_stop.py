@@ -13,7 +13,7 @@ import pytest
 from psycopg import sql
 
 import runrow
-from runrow.hub import RECONNECTED
+from runrow._hub import RECONNECTED
 
 from . import manual
 from .helpers import assert_journal_sound, events, is_terminal, run_row, status_of, table, wait_for

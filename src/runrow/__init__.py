@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import contextlib
 
-from ._db import Database
-from ._models import Draft, Message, QueuePosition, Run, RunInfo, RunStatus, StopResult, TenantPolicy
-from .dispatcher import Dispatcher, DrainReport
-from .enqueue import enqueue, retry_run
-from .errors import (
+from ._engine.context import Agent, RunContext
+from ._engine.dispatcher import Dispatcher, DrainReport
+from ._enqueue import enqueue, retry_run
+from ._errors import (
     ConfigurationError,
     ConversationBusy,
     IdempotencyConflict,
@@ -20,21 +19,21 @@ from .errors import (
     RunTrimmed,
     SchemaOutOfDate,
 )
-from .hub import NotifyHub
-from .journal import Event, tail
-from .migrate import latest_version, migrate
-from .observe import Observer
-from .queries import QueueStats, get_run, list_runs, queue_stats, transcript
-from .retention import TrimResult, trim
-from .run import Agent, RunContext
-from .stop import cancel_run, stop_conversation
-from .tenants import queue_position, set_tenant_policy, tenant_policies
+from ._events import Event
+from ._hub import NotifyHub
+from ._migrate import latest_version, migrate
+from ._models import Draft, Message, QueuePosition, Run, RunInfo, RunStatus, StopResult, TenantPolicy
+from ._observe import Observer
+from ._queries import QueueStats, get_run, list_runs, queue_stats, transcript
+from ._retention import TrimResult, trim
+from ._stop import cancel_run, stop_conversation
+from ._tail import tail
+from ._tenants import queue_position, set_tenant_policy, tenant_policies
 
 __all__ = [
     "Agent",
     "ConfigurationError",
     "ConversationBusy",
-    "Database",
     "Dispatcher",
     "Draft",
     "DrainReport",

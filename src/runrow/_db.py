@@ -13,7 +13,7 @@ from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool
 
 from . import _sql
-from .errors import InvalidInput, SchemaOutOfDate
+from ._errors import InvalidInput, SchemaOutOfDate
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Mapping, Sequence

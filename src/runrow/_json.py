@@ -1,12 +1,14 @@
-"""JSON for the database: serialisable, NUL-free (jsonb rejects it) and bounded."""
+"""Checks on what callers pass in: JSON for the database (serialisable, NUL-free, as jsonb
+requires, and bounded), ids and run ids."""
 
 from __future__ import annotations
 
 import json
 import re
+import uuid
 from typing import Any
 
-from .errors import InvalidInput
+from ._errors import InvalidInput, RunNotFound
 
 # An escaped NUL ("\u0000") that is not itself an escaped backslash followed by "u0000".
 _NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
@@ -73,3 +75,13 @@ def check_id(value: object, field: str, *, optional: bool = False, max_len: int 
             raise InvalidInput(field, "must be valid Unicode text (it holds a lone surrogate)") from None
     if len(value) > max_len:
         raise InvalidInput(field, f"must be at most {max_len} characters")
+
+
+def parse_run_id(run_id: uuid.UUID | str) -> uuid.UUID:
+    """A run id as a UUID, or :class:`RunNotFound` (a malformed id names no run)."""
+    if isinstance(run_id, uuid.UUID):
+        return run_id
+    try:
+        return uuid.UUID(str(run_id))
+    except ValueError:
+        raise RunNotFound(run_id) from None

@@ -7,7 +7,7 @@ import re
 import uuid
 from dataclasses import dataclass
 
-from .errors import InvalidInput
+from ._errors import InvalidInput
 
 DEFAULT_SCHEMA = "runrow"
 _PLAIN = re.compile(r"^[a-z_][a-z0-9_]{0,19}$")

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from . import __version__
+from ._errors import RunrowError
 from ._names import DEFAULT_SCHEMA
-from .errors import RunrowError
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine, Sequence
@@ -75,7 +75,7 @@ def load_agent(spec: str) -> Callable[..., Any]:
 
 
 async def cmd_migrate(args: argparse.Namespace) -> int:
-    from .migrate import latest_version, migrate
+    from ._migrate import latest_version, migrate
 
     applied = await migrate(_database_url(args), schema=args.schema)
     _out(
@@ -87,7 +87,7 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 async def cmd_worker(args: argparse.Namespace) -> int:
-    from .dispatcher import Dispatcher
+    from ._engine.dispatcher import Dispatcher
 
     agent = load_agent(args.agent)
     dispatcher = Dispatcher(
@@ -129,20 +129,22 @@ def _run_line(r: Any) -> str:
 
 
 async def cmd_runs(args: argparse.Namespace) -> int:
-    from . import journal, queries, stop
-    from .enqueue import retry_run
+    from ._enqueue import retry_run
+    from ._queries import get_run, list_runs
+    from ._stop import cancel_run
+    from ._tail import tail
 
     url = _database_url(args)
     if args.runs_command == "list":
-        runs = await queries.list_runs(
+        runs = await list_runs(
             url, conversation_id=args.conversation, status=args.status, limit=args.limit, schema=args.schema
         )
         _out(args, runs, "\n".join(_run_line(r) for r in runs) or "(no runs)")
     elif args.runs_command == "show":
-        run = await queries.get_run(url, args.run_id, schema=args.schema)
+        run = await get_run(url, args.run_id, schema=args.schema)
         _out(args, run, "\n".join(f"{k:>18}: {v}" for k, v in _jsonable(run).items()))
     elif args.runs_command == "tail":
-        async for ev in journal.tail(
+        async for ev in tail(
             url,
             args.run_id,
             from_seq=args.from_seq,
@@ -154,7 +156,7 @@ async def cmd_runs(args: argparse.Namespace) -> int:
             elif not ev.keepalive:
                 print(f"{ev.seq:>5} {ev.type:<22} {json.dumps(ev.payload)}", flush=True)
     elif args.runs_command == "cancel":
-        result = await stop.cancel_run(url, args.run_id, schema=args.schema)
+        result = await cancel_run(url, args.run_id, schema=args.schema)
         text = (
             "nothing to do: the run had already finished"
             if result.noop
@@ -162,7 +164,7 @@ async def cmd_runs(args: argparse.Namespace) -> int:
         )
         _out(args, result, text)
     elif args.runs_command == "position":
-        from .tenants import queue_position
+        from ._tenants import queue_position
 
         pos = await queue_position(url, args.run_id, schema=args.schema)
         if pos.position is None:
@@ -189,7 +191,7 @@ async def cmd_runs(args: argparse.Namespace) -> int:
 
 
 async def cmd_stop(args: argparse.Namespace) -> int:
-    from .stop import stop_conversation
+    from ._stop import stop_conversation
 
     result = await stop_conversation(_database_url(args), args.conversation_id, schema=args.schema)
     if result.noop:
@@ -204,7 +206,7 @@ async def cmd_stop(args: argparse.Namespace) -> int:
 
 
 async def cmd_trim(args: argparse.Namespace) -> int:
-    from .retention import trim
+    from ._retention import trim
 
     result = await trim(
         _database_url(args), retention=timedelta(hours=args.retention_hours), schema=args.schema
@@ -214,7 +216,7 @@ async def cmd_trim(args: argparse.Namespace) -> int:
 
 
 async def cmd_stats(args: argparse.Namespace) -> int:
-    from .queries import queue_stats
+    from ._queries import queue_stats
 
     s = await queue_stats(_database_url(args), schema=args.schema)
     oldest = "-" if s.oldest_queued_seconds is None else f"{s.oldest_queued_seconds:.1f}s"

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import ConfigurationError
+from ._errors import ConfigurationError
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

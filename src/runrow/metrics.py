@@ -33,9 +33,9 @@ from prometheus_client.registry import Collector
 
 from . import _sql
 from ._db import Database, atomic, execute
+from ._errors import ConfigurationError
 from ._names import DEFAULT_SCHEMA, check_schema
-from .errors import ConfigurationError
-from .observe import Observer
+from ._observe import Observer
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
@@ -44,8 +44,8 @@ if TYPE_CHECKING:
     from anyio.abc import TaskGroup, TaskStatus
     from prometheus_client.metrics_core import Metric
 
-    from .hub import NotifyHub
-    from .run import RunContext
+    from ._engine.context import RunContext
+    from ._hub import NotifyHub
 
 __all__ = ["PrometheusObserver", "QueueCollector", "with_metrics"]
 

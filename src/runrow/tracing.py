@@ -32,16 +32,16 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from . import __version__
-from .enqueue import enqueue
-from .observe import Observer
+from ._enqueue import enqueue
+from ._observe import Observer
 
 if TYPE_CHECKING:
     import uuid
     from collections.abc import Iterator
 
     from ._db import Database
+    from ._engine.context import RunContext
     from ._models import Run
-    from .run import RunContext
 
 __all__ = ["TRACE_KEY", "TracingObserver", "traced_enqueue"]
 

@@ -9,10 +9,10 @@ from psycopg.rows import dict_row
 
 from . import _json, _sql
 from ._db import Database, execute, schema_guard, statement_conn
+from ._errors import InvalidInput, RunNotFound
+from ._json import parse_run_id
 from ._models import Message, RunInfo
 from ._names import DEFAULT_SCHEMA, check_schema
-from .enqueue import parse_run_id
-from .errors import InvalidInput, RunNotFound
 
 if TYPE_CHECKING:
     import uuid

@@ -12,7 +12,7 @@ import contextlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .run import RunContext
+    from ._engine.context import RunContext
 
 __all__ = ["Observer"]
 

@@ -7,8 +7,8 @@ from datetime import datetime, timedelta
 
 from . import _sql
 from ._db import Database, execute, schema_guard, statement_conn
+from ._errors import InvalidInput
 from ._names import DEFAULT_SCHEMA, check_schema
-from .errors import InvalidInput
 
 __all__ = ["TrimResult", "trim"]
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 import anyio
 import psycopg
 
-from . import _aio
+from .. import _aio
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable

@@ -7,8 +7,8 @@ import logging
 from psycopg import AsyncConnection
 
 from . import _sql
+from ._errors import InvalidInput, SchemaOutOfDate
 from ._names import DEFAULT_SCHEMA, check_schema
-from .errors import InvalidInput, SchemaOutOfDate
 
 __all__ = ["latest_version", "migrate"]
 

@@ -33,8 +33,8 @@ from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from . import _aio, _json, _sql
-from ._db import (
+from .. import _aio, _json, _sql
+from .._db import (
     HeldConnection,
     configure_own,
     describe,
@@ -43,12 +43,13 @@ from ._db import (
     require_schema,
     statement_conn,
 )
-from ._groupcommit import GroupCommit, WriterStopped
-from ._names import DEFAULT_SCHEMA, Channels, check_schema
-from .errors import ConfigurationError, InvalidInput, LeaseLost
-from .hub import NotifyHub
-from .journal import DEFAULT_MAX_EVENT_BYTES, AppendItem, JournalWriter
-from .run import Agent, RunContext
+from .._engine.journal_writer import AppendItem, JournalWriter
+from .._errors import ConfigurationError, InvalidInput, LeaseLost
+from .._events import DEFAULT_MAX_EVENT_BYTES
+from .._hub import NotifyHub
+from .._names import DEFAULT_SCHEMA, Channels, check_schema
+from .context import Agent, RunContext
+from .groupcommit import GroupCommit, WriterStopped
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
 
     from anyio.abc import TaskGroup
 
-    from .observe import Observer
+    from .._observe import Observer
 
 __all__ = ["ClaimOrder", "Dispatcher", "DrainReport"]
 

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import math
-import uuid
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from . import _json, _sql
 from ._db import Database, atomic, execute, schema_guard, statement_conn
-from ._models import Run, StopResult
-from ._names import DEFAULT_SCHEMA, Channels, check_schema
-from .errors import (
+from ._errors import (
     ConversationBusy,
     IdempotencyConflict,
     InvalidInput,
@@ -20,8 +17,13 @@ from .errors import (
     RunrowError,
     RunTrimmed,
 )
+from ._models import Run, StopResult
+from ._names import DEFAULT_SCHEMA, Channels, check_schema
+from ._stop import stop_locked
 
 if TYPE_CHECKING:
+    import uuid
+
     from psycopg import AsyncConnection
 
 __all__ = ["DEFAULT_MAX_CONTENT_BYTES", "OnBusy", "enqueue", "retry_run"]
@@ -225,8 +227,6 @@ def _when(value: datetime | timedelta | None, field: str) -> tuple[datetime | No
 
 async def _interrupt(conn: AsyncConnection, schema: str, params: dict[str, Any]) -> StopResult | None:
     """Stops the conversation's active turns inside the enqueue's transaction."""
-    from .stop import stop_locked
-
     if params["idempotency_key"] is not None:
         cur = await execute(conn, _sql.statement("find_idempotent", schema), params)
         found = await cur.fetchone()
@@ -280,7 +280,7 @@ async def retry_run(db: Database, run_id: uuid.UUID | str, *, schema: str = DEFA
     has deleted its request snapshot: a retry never runs without it.
     """
     check_schema(schema)
-    rid = parse_run_id(run_id)
+    rid = _json.parse_run_id(run_id)
     params = {
         "run_id": rid,
         "wake_channel": Channels.for_schema(schema).wake,
@@ -305,13 +305,3 @@ async def retry_run(db: Database, run_id: uuid.UUID | str, *, schema: str = DEFA
     if trimmed:
         raise RunTrimmed(rid)
     raise RunrowError(f"run {rid} was not retried")  # pragma: no cover - retry matched it
-
-
-def parse_run_id(run_id: uuid.UUID | str) -> uuid.UUID:
-    """A run id as a UUID, or :class:`RunNotFound` (a malformed id names no run)."""
-    if isinstance(run_id, uuid.UUID):
-        return run_id
-    try:
-        return uuid.UUID(str(run_id))
-    except ValueError:
-        raise RunNotFound(run_id) from None

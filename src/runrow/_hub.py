@@ -25,8 +25,8 @@ import psycopg
 from psycopg import AsyncConnection, sql
 
 from ._db import describe
+from ._errors import InvalidInput
 from ._names import MAX_IDENTIFIER_BYTES
-from .errors import InvalidInput
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator

@@ -23,10 +23,11 @@ from typing import TYPE_CHECKING
 
 from . import _json, _sql
 from ._db import Database, atomic, execute, schema_guard, statement_conn
+from ._enqueue import THROUGHPUT_WINDOW_SECONDS
+from ._errors import InvalidInput, RunNotFound
+from ._json import parse_run_id
 from ._models import QueuePosition, TenantPolicy
 from ._names import DEFAULT_SCHEMA, check_schema
-from .enqueue import THROUGHPUT_WINDOW_SECONDS, parse_run_id
-from .errors import InvalidInput, RunNotFound
 
 if TYPE_CHECKING:
     import uuid

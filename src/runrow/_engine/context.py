@@ -9,16 +9,17 @@ from typing import TYPE_CHECKING, Any, Protocol
 import anyio
 import psycopg
 
-from . import _json, _sql
-from ._db import describe, execute, statement_conn
-from ._models import Message
-from .errors import InvalidInput, LeaseLost
-from .journal import CONTENT_DELTA, JournalWriter
+from .. import _json, _sql
+from .._db import describe, execute, statement_conn
+from .._errors import InvalidInput, LeaseLost
+from .._events import CONTENT_DELTA
+from .._models import Message
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Mapping
     from datetime import datetime
 
+    from .._engine.journal_writer import JournalWriter
     from .dispatcher import Dispatcher
 
 __all__ = ["Agent", "RunContext"]

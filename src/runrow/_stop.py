@@ -6,10 +6,10 @@ from typing import TYPE_CHECKING
 
 from . import _json, _sql
 from ._db import Database, atomic, execute, schema_guard
+from ._errors import RunNotFound
+from ._json import parse_run_id
 from ._models import Draft, StopResult
 from ._names import DEFAULT_SCHEMA, Channels, check_schema
-from .enqueue import parse_run_id
-from .errors import RunNotFound
 
 if TYPE_CHECKING:
     import uuid

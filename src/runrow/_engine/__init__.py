@@ -1,0 +1,1 @@
+"""The worker side: the Dispatcher and the services it wires together (see docs/architecture.md)."""

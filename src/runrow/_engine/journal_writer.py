@@ -1,0 +1,243 @@
+"""The journal writer: one run's events, merged, numbered and flushed behind the claim's fence."""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import psycopg
+
+from .. import _aio, _json
+from .._db import describe
+from .._errors import InvalidInput, LeaseLost
+from .._events import CONTENT_DELTA, TERMINAL_EVENT, validate_event
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Mapping
+
+    from .groupcommit import GroupCommit
+
+__all__ = ["AppendItem", "JournalWriter"]
+
+log = logging.getLogger("runrow.journal")
+
+# (run_id, claim_token, [(seq, type, payload_json), ...])
+AppendItem = tuple[uuid.UUID, uuid.UUID, list[tuple[int, str, str]]]
+
+# Failures of a flush that mean "these rows were refused and not written".
+_REFUSED = (UnicodeError, psycopg.DataError)
+
+# The terminal event's JSON for the endings that carry nothing but their status.
+_STATUS_ONLY = {s: _json.dumps({"status": s}, "event") for s in ("completed", "failed", "cancelled")}
+
+
+class JournalWriter:
+    """Writes one run's events: merges text deltas, flushes on a clock, fenced.
+
+    Owned by the dispatcher for the life of one claim.
+    """
+
+    def __init__(
+        self,
+        run_id: uuid.UUID,
+        claim_token: uuid.UUID,
+        next_seq: int,
+        appender: GroupCommit[AppendItem, bool],
+        *,
+        flush_interval: float,
+        max_event_bytes: int,
+        on_lost: Callable[[], None],
+        resolve: Callable[[uuid.UUID, uuid.UUID, list[int]], Awaitable[tuple[int, bool]]] | None = None,
+        retry_budget: float = 10.0,
+    ) -> None:
+        self.run_id = run_id
+        self.claim_token = claim_token
+        self.next_seq = next_seq
+        self._appender = appender
+        self._interval = flush_interval
+        self._max_bytes = max_event_bytes
+        self._on_lost = on_lost
+        self._resolve = resolve
+        self.on_flush: Callable[[int], None] | None = None
+        # Starts run_flusher as a task; called once, on the first merged delta, so a run
+        # that streams nothing costs no flusher task (set by the owner).
+        self.start_flusher: Callable[[], object] | None = None
+        self.flusher_started = False
+        self._retry_budget = retry_budget
+        self._lock: anyio.Lock | None = None  # made at the first flush: most runs never flush
+        self._pending: dict[str, Any] | None = None
+        self._pending_key: str | None = None
+        self._pending_parts: list[str] = []
+        self._pending_since = 0.0
+        self._has_pending = _aio.Event()
+        self._answer: list[str] = []
+        self.broken: BaseException | None = None
+        self.rows_written = 0
+        self.flushes = 0
+        self.deltas = 0
+
+    # -- what the agent calls ---------------------------------------------------------
+
+    async def emit(self, event: Mapping[str, Any]) -> None:
+        etype, payload = validate_event(event, self._max_bytes)
+        self._check()
+        if etype != CONTENT_DELTA:
+            await self.flush(extra=(etype, payload))
+            return
+        self.deltas += 1
+        delta = payload.pop("delta")
+        # Deltas merge when their other keys match; most have none.
+        key = json.dumps(payload, sort_keys=True, default=str) if payload else ""
+        if "stream" not in payload:
+            self._answer.append(delta)
+        if self._pending is not None and key != self._pending_key:
+            await self.flush()
+        if self._pending is None:
+            self._pending, self._pending_key = payload, key
+            self._pending_parts = [delta]
+            self._pending_since = _aio.now()
+            self._has_pending.set()
+            if not self.flusher_started and self.start_flusher is not None:
+                self.flusher_started = True
+                self.start_flusher()
+        else:
+            self._pending_parts.append(delta)
+        if _aio.now() - self._pending_since >= self._interval:
+            await self.flush()
+
+    def answer_mark(self) -> int:
+        """A mark of the streamed answer text so far, for :meth:`answer_taken`."""
+        return len(self._answer)
+
+    def answer_taken(self, upto: int | None = None) -> None:
+        """The agent wrote its answer to the transcript: the text streamed before the
+        mark ``upto`` (default: all of it) is no partial answer to keep."""
+        del self._answer[: len(self._answer) if upto is None else upto]
+
+    @property
+    def answer_text(self) -> str | None:
+        """Streamed default-stream text not yet written to the transcript, if any."""
+        return "".join(self._answer) or None
+
+    # -- flushing ---------------------------------------------------------------------
+
+    def _take_pending(self) -> list[tuple[str, dict[str, Any]]]:
+        if self._pending is None:
+            return []
+        payload = {**self._pending, "delta": "".join(self._pending_parts)}
+        self._pending, self._pending_key, self._pending_parts = None, None, []
+        self._has_pending = _aio.Event()
+        return [(CONTENT_DELTA, payload)]
+
+    def _number(self, events: list[tuple[str, dict[str, Any]]]) -> list[tuple[int, str, str]]:
+        rows = []
+        for i, (etype, payload) in enumerate(events):
+            rows.append((self.next_seq + i, etype, _json.dumps(payload, "event")))
+        return rows
+
+    async def flush(self, extra: tuple[str, dict[str, Any]] | None = None, *, due_only: bool = False) -> None:
+        """Writes pending text (and ``extra``) as one fenced batch.
+
+        ``due_only`` (the flush clock) writes only text that has waited a full interval:
+        if another flush took the text the clock woke for while this one waited for the
+        lock, the text that arrived since waits for its own tick instead of becoming a
+        tiny extra row.
+        """
+        if self._lock is None:
+            self._lock = anyio.Lock()
+        async with self._lock:
+            self._check()
+            if due_only and (self._pending is None or _aio.now() < self._pending_since + self._interval):
+                return
+            events = self._take_pending() + ([extra] if extra else [])
+            if not events:
+                return
+            rows = self._number(events)
+            try:
+                landed = await self._submit_resolving(rows)
+            except _REFUSED as exc:
+                # Refused for their content (by the driver before sending, or by the
+                # server's statement, which then wrote nothing): these rows certainly did
+                # not land, so the numbering still holds and the run can go on or end.
+                raise InvalidInput("event", f"the database refused it ({describe(exc)})") from exc
+            except BaseException as exc:
+                # Unknown whether it landed: this writer cannot number another row.
+                self.broken = exc
+                raise
+            if not landed:
+                self.broken = LeaseLost(self.run_id)
+                self._on_lost()
+                raise self.broken
+            self.next_seq += len(rows)
+            self.rows_written += len(rows)
+            self.flushes += 1
+            if self.on_flush is not None:
+                self.on_flush(len(rows))
+
+    async def _submit_resolving(self, rows: list[tuple[int, str, str]]) -> bool:
+        """Submits a flush; if the connection fails without an answer (a database restart,
+        a cut connection), asks the database whether the rows landed and retries if not."""
+        delay = 0.05
+        deadline = anyio.current_time() + self._retry_budget
+        while True:
+            try:
+                return await self._appender.submit((self.run_id, self.claim_token, rows))
+            except (psycopg.OperationalError, psycopg.InterfaceError, TimeoutError) as exc:
+                if self._resolve is None or anyio.current_time() + delay > deadline:
+                    raise
+                log.info(
+                    "flush of run %s failed (%s); checking whether it landed",
+                    self.run_id,
+                    describe(exc),
+                    extra={"run_id": str(self.run_id)},
+                )
+            while True:
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                try:
+                    landed, owned = await self._resolve(self.run_id, self.claim_token, [r[0] for r in rows])
+                    break
+                except (psycopg.OperationalError, psycopg.InterfaceError, TimeoutError):
+                    if anyio.current_time() + delay > deadline:
+                        raise
+            if landed == len(rows):
+                return True
+            if not owned:
+                return False
+            if landed:  # part of a batch cannot land alone; the seqs are someone else's
+                raise LeaseLost(self.run_id)
+
+    def final_rows(self, terminal: dict[str, Any]) -> list[tuple[int, str, str]]:
+        """Pending text plus the terminal event, numbered, for the finalize statement."""
+        rows = self._number(self._take_pending())
+        seq = self.next_seq + len(rows)
+        if len(terminal) == 1 and terminal.get("status") in _STATUS_ONLY:
+            # Most endings are just {"status": ...}: their JSON is known in advance.
+            return [*rows, (seq, TERMINAL_EVENT, _STATUS_ONLY[terminal["status"]])]
+        return [*rows, (seq, TERMINAL_EVENT, _json.dumps(terminal, "event"))]
+
+    def _check(self) -> None:
+        if self.broken is not None:
+            raise self.broken
+
+    async def run_flusher(self) -> None:
+        """Flushes merged text ``flush_interval`` after it started to accumulate."""
+        while True:
+            await self._has_pending.wait()
+            await anyio.sleep_until(self._pending_since + self._interval)
+            if self._pending is not None and self.broken is None:
+                try:
+                    await self.flush(due_only=True)
+                except LeaseLost:
+                    return
+                except Exception as exc:
+                    log.warning(
+                        "journal flush failed for run %s: %s",
+                        self.run_id,
+                        describe(exc),
+                        extra={"run_id": str(self.run_id)},
+                    )
+                    return

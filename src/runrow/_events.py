@@ -1,0 +1,115 @@
+"""The journal: a per-run event log written behind a fence and read from a cursor.
+
+Event vocabulary (``type`` plus payload keys). A type is an identifier: an ASCII
+letter, then ASCII letters, digits, ``_``, ``.``, ``:`` or ``-``, at most 64 characters
+(``emit`` raises :class:`InvalidInput` for any other).
+
+* ``user_message_created`` ``{"message_id"}`` — seq 1, written by enqueue.
+* ``run_queued`` ``{"run_id"}`` (``retry_of`` for a retry) — seq 2, written by enqueue.
+* ``content_delta`` ``{"delta": str, "stream"?: str}`` — streamed text. Consecutive
+  deltas with the same other keys are merged in memory and flushed on a clock.
+* ``tool_call_started`` ``{"tool_call_id": str|int, "name": str, ...}`` and
+  ``tool_call_finished`` ``{"tool_call_id", "name"?, "ok"?, ...}`` — emitted by the agent
+  around each tool call (any further keys are the agent's). runrow reads only
+  ``tool_call_id`` (matching is by equal JSON value) and ``name``: a run that ends
+  without its worker lists every started id with no matching finished one as
+  uncertain. Emit ``tool_call_started`` before the side effect and
+  ``tool_call_finished`` after it, so the list is honest.
+* anything else the agent emits (``message_done``, ...) is structural too: it flushes
+  pending text and is written at once.
+* ``complete`` ``{"status", "error"?, "reason"?, "uncertain_tool_calls"?}`` — the one
+  terminal event, always last. Only runrow writes it (the worker's finalize, the reaper
+  or a stop). ``reason``: ``stopped`` (a stop or interrupt ended it while running),
+  ``stopped_before_start`` (cancelled while queued), ``deadline_exceeded`` (its worker
+  ended it at its deadline, or the reaper did, its worker alive or not), ``worker_lost``
+  (the reaper ended it after its lease lapsed). A reaper-written event always carries
+  ``uncertain_tool_calls``: ``[{"tool_call_id", "name"}, ...]`` in start order, the tool
+  calls whose side effects may or may not have happened (``[]`` when none).
+
+Seq is gap-free from 1: enqueue writes 1-2, the claim holder the rest, and a finaliser
+that is not the worker (reaper, stop) takes max+1 only after the status change has
+fenced the worker out.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import _json
+from ._errors import InvalidInput
+
+__all__ = ["CONTENT_DELTA", "KEEPALIVE", "TERMINAL_EVENT", "Event", "validate_event"]
+
+CONTENT_DELTA = "content_delta"
+TERMINAL_EVENT = "complete"
+KEEPALIVE = "keepalive"
+DEFAULT_MAX_EVENT_BYTES = 256 * 1024
+MAX_EVENT_TYPE_LENGTH = 64
+# An event type is an identifier: an ASCII letter, then ASCII letters, digits, "_", ".",
+# ":" or "-". Types travel in batches, SSE "event:" lines and logs: no NUL, no lone
+# surrogate, no newline can reach any of them.
+_EVENT_TYPE = re.compile(r"[A-Za-z][A-Za-z0-9_.:-]*")
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One journal event as a tail yields it. ``seq`` is the resume cursor.
+
+    A keepalive (``type == "keepalive"``) carries the current cursor and no payload.
+    """
+
+    seq: int
+    type: str
+    payload: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def keepalive(self) -> bool:
+        return self.type == KEEPALIVE
+
+    @property
+    def terminal(self) -> bool:
+        return self.type == TERMINAL_EVENT
+
+    def to_dict(self) -> dict[str, Any]:
+        """The wire form: the payload with ``type`` and ``seq`` added."""
+        return {**self.payload, "type": self.type, "seq": self.seq}
+
+
+def validate_event(event: Mapping[str, Any], max_bytes: int) -> tuple[str, dict[str, Any]]:
+    """Splits an emitted event into its type and payload, or raises InvalidInput."""
+    if not isinstance(event, Mapping):
+        raise InvalidInput("event", f"must be a mapping, got {type(event).__name__}")
+    etype = event.get("type")
+    if not isinstance(etype, str) or not etype:
+        raise InvalidInput("event", "needs a non-empty string 'type'")
+    if len(etype) > MAX_EVENT_TYPE_LENGTH or not _EVENT_TYPE.fullmatch(etype):
+        raise InvalidInput(
+            "event",
+            f"type {etype[:MAX_EVENT_TYPE_LENGTH]!r} must be an identifier: an ASCII letter, then "
+            f"ASCII letters, digits, '_', '.', ':' or '-', at most {MAX_EVENT_TYPE_LENGTH} characters",
+        )
+    if etype in (TERMINAL_EVENT, KEEPALIVE):
+        raise InvalidInput("event", f"type {etype!r} is reserved for runrow")
+    payload = {k: v for k, v in event.items() if k != "type"}
+    if etype == CONTENT_DELTA:
+        # The hot path (thousands per turn): check the text itself rather than serialise
+        # the whole event; only the other keys (a stream name, say) go through JSON.
+        delta = payload.get("delta")
+        if not isinstance(delta, str):
+            raise InvalidInput("event", "a content_delta needs a string 'delta'")
+        if "\x00" in delta:
+            raise InvalidInput("event", "must not contain NUL characters (\\u0000); jsonb rejects them")
+        try:
+            size = len(delta.encode())
+        except UnicodeEncodeError:
+            raise InvalidInput("event", "the delta is not valid Unicode text") from None
+        if size > max_bytes:
+            raise InvalidInput("event", f"is larger than the limit of {max_bytes} bytes")
+        if len(payload) > 1:
+            _json.dumps({k: v for k, v in payload.items() if k != "delta"}, "event", max_bytes)
+        return etype, payload
+    _json.dumps(payload, "event", max_bytes)  # serialisable, NUL-free, bounded
+    return etype, payload

@@ -1,0 +1,203 @@
+"""tail(): read a run's journal from a cursor, live, from any process."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from contextlib import AsyncExitStack
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import psycopg
+from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
+
+from . import _sql
+from ._db import Database, configure_own, describe, execute, schema_guard, statement_conn
+from ._errors import InvalidInput, RunNotFound
+from ._events import KEEPALIVE, TERMINAL_EVENT, Event
+from ._json import parse_run_id
+from ._models import TERMINAL
+from ._names import DEFAULT_SCHEMA, Channels, check_schema
+
+if TYPE_CHECKING:
+    import uuid
+    from collections.abc import AsyncIterator
+
+    from ._hub import NotifyHub
+
+__all__ = ["tail"]
+
+log = logging.getLogger("runrow.journal")
+
+
+async def tail(
+    db: Database,
+    run_id: uuid.UUID | str,
+    *,
+    from_seq: int = 0,
+    hub: NotifyHub | None = None,
+    keepalive: float = 15.0,
+    poll: float = 0.5,
+    schema: str = DEFAULT_SCHEMA,
+    batch: int = 500,
+    prepared_statements: bool = True,
+) -> AsyncIterator[Event]:
+    """Yields the run's events after ``from_seq``, live, until its terminal event.
+
+    Any process can serve a tail. It subscribes before its catch-up read (so no event
+    can slip between the two), yields every event with its ``seq`` (pass the last one
+    back as ``from_seq`` to resume: no gap, no duplicate), yields a keepalive after
+    ``keepalive`` idle seconds, and ends after the terminal event. If the run ended
+    without a journaled terminal event, one is synthesised from the run row. Without
+    a hub (or while it is down) it polls every ``poll`` seconds. With one, an idle tail
+    waits for a notification, reading again at most every ``keepalive`` seconds; once a
+    read finds rows that came without a notification (a hub behind a transaction
+    pooler, a dispatcher with ``journal_notify=False``), it polls every ``poll`` seconds
+    until rows come announced again. A ``from_seq`` past the last event of the run's journal raises
+    :class:`InvalidInput` (a trimmed journal ends with a synthesised event instead).
+    Given a conninfo string, it keeps one connection of its own;
+    ``prepared_statements=False`` is for a conninfo that points at a
+    transaction-pooling pgbouncer.
+    """
+    check_schema(schema)
+    rid = parse_run_id(run_id)
+    if not isinstance(from_seq, int) or isinstance(from_seq, bool) or from_seq < 0:
+        raise InvalidInput("from_seq", "must be a non-negative integer")
+    if keepalive <= 0 or poll <= 0:
+        raise InvalidInput("keepalive", "keepalive and poll must be positive")
+    read_q = _sql.statement("read_events", schema)
+    state_q = _sql.statement("run_terminal_state", schema)
+    cursor = from_seq
+    async with AsyncExitStack() as stack:
+        own = isinstance(db, str)  # then the tail keeps one connection of its own
+        conn_box: list[AsyncConnection] = []
+        sub = None
+        if hub is not None and hub.running:
+            sub = await stack.enter_async_context(hub.subscribe(Channels.for_schema(schema).events(rid)))
+        stack.push_async_callback(_close_all, conn_box)
+        idle_since = anyio.current_time()
+        backoff = poll
+        # A connected hub's hints are trusted (an idle tail then waits for one, up to
+        # the keepalive: a thousand tails of queued runs cost a read each per keepalive)
+        # until a read finds rows that came without one, the evidence of a hub that
+        # hears nothing for this run (journal_notify=False, a hub behind pgbouncer):
+        # then the tail polls, until rows come announced again.
+        trusted = True
+        caught_up = False  # rows of the first read predate the subscription: no evidence
+        heard = 0  # the subscription's notification count at the previous read
+        more = False  # the previous read filled a batch: this one is its continuation
+        while True:
+            hints = sub.notified if sub is not None else 0
+            read = False
+            try:
+                async with schema_guard(db, schema):
+                    rows, state = await _read(
+                        db, conn_box, own, read_q, state_q, rid, cursor, batch, prepared_statements
+                    )
+                read = True
+            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                # The database is unreachable for now: a tail waits it out (keepalives
+                # continue), reconnecting as needed. A dropped read only costs latency.
+                log.info(
+                    "tail of run %s cannot read (%s); retrying",
+                    rid,
+                    describe(exc),
+                    extra={"run_id": str(rid)},
+                )
+                await _close_all(conn_box)
+                if isinstance(db, AsyncConnectionPool):
+                    with contextlib.suppress(Exception):
+                        await db.check()  # weed out the pool's dead connections
+                rows, state = [], None
+                backoff = min(backoff * 2, keepalive)
+            if rows and not more and caught_up:
+                trusted = hints != heard  # a hint came since the last read: announced
+            heard, more = hints, len(rows) == batch
+            if read:
+                caught_up = True
+                backoff = poll
+            for seq, etype, payload in rows:
+                cursor = seq
+                yield Event(seq, etype, payload)
+                if etype == TERMINAL_EVENT:
+                    return
+            if rows:
+                idle_since = anyio.current_time()
+                if len(rows) == batch:
+                    continue
+            elif state is not None and state[3] is not None and cursor > state[3]:
+                # Seq is gap-free and a tail yields only committed events: this cursor is
+                # not from this run's stream. Waiting would skip the events up to it
+                # silently, or end with nothing; the client should resume from its last
+                # seq (or 0) instead.
+                raise InvalidInput(
+                    "from_seq",
+                    f"{cursor} is past the end of run {rid}'s journal (its last seq is {state[3]})",
+                )
+            elif state is not None and state[0] in TERMINAL:
+                if state[2]:
+                    return  # resumed past the journaled ending: nothing is left to send
+                # Terminal without a journaled ending (e.g. a trimmed journal): say so.
+                yield Event(
+                    cursor + 1, TERMINAL_EVENT, {"status": state[0], "error": state[1], "synthesized": True}
+                )
+                return
+            now = anyio.current_time()
+            if now - idle_since >= keepalive:
+                yield Event(cursor, KEEPALIVE)
+                idle_since = now
+            wait = max(0.0, idle_since + keepalive - now)
+            if sub is None or hub is None or not hub.connected or not trusted:
+                wait = min(wait, backoff)
+            if sub is not None:
+                await sub.wait(wait)
+            else:
+                await anyio.sleep(wait)
+
+
+async def _read(
+    db: Database,
+    conn_box: list[AsyncConnection],
+    own: bool,
+    read_q: bytes,
+    state_q: bytes,
+    rid: uuid.UUID,
+    cursor: int,
+    batch: int,
+    prepared_statements: bool = True,
+) -> tuple[list[tuple[Any, ...]], tuple[Any, ...] | None]:
+    """Events after ``cursor``; when there are none, the run's (status, error) as well."""
+    if own:
+        if not conn_box or conn_box[0].closed:
+            assert isinstance(db, str)
+            conn = await AsyncConnection.connect(
+                db, autocommit=True, prepare_threshold=5 if prepared_statements else None
+            )
+            conn_box[:] = [conn]
+            if prepared_statements:  # a direct connection (see configure_own)
+                await configure_own(conn)
+        source: Database = conn_box[0]
+    else:
+        source = db
+    async with statement_conn(source) as conn:
+        cur = await execute(conn, read_q, {"run_id": rid, "after": cursor, "limit": batch})
+        rows = await cur.fetchall()
+        if rows:
+            return rows, None
+        cur = await execute(conn, state_q, {"run_id": rid})
+        state = await cur.fetchone()
+        if state is None:
+            raise RunNotFound(rid)
+        if state[0] in TERMINAL:
+            # The ending commits the status with its event: read once more.
+            cur = await execute(conn, read_q, {"run_id": rid, "after": cursor, "limit": batch})
+            rows = await cur.fetchall()
+        return rows, state
+
+
+async def _close_all(conn_box: list[AsyncConnection]) -> None:
+    for c in conn_box:
+        with anyio.CancelScope(shield=True):
+            await c.close()
+    conn_box.clear()
