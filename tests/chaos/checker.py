@@ -23,22 +23,10 @@ from psycopg import sql
 from tests.chaos.schema import TERMINAL, ident
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
     from datetime import datetime
 
     from psycopg import AsyncConnection
-
-INVARIANTS = (
-    "exactly_one_terminal_state",
-    "terminal_states_never_changed",
-    "no_side_effect_twice",
-    "one_running_per_conversation",
-    "turns_in_order",
-    "journal_gap_free_one_complete",
-    "tails_saw_exact_journal",
-    "stops_honoured",
-    "recovery_bounded",
-)
-"""One boolean per invariant in the report, in this order (a stable format)."""
 
 MAX_LISTED = 25  # violations listed per invariant in the report (all are counted)
 INF = float("inf")
@@ -227,233 +215,350 @@ class _Life:
         return self.terminal[0].seq if self.terminal else INF
 
 
+_NO_LIFE = _Life()  # the life of a run absent from the transition log; never mutated
+
+
 def _secs(a: datetime, b: datetime) -> float:
     return (b - a).total_seconds()
 
 
-def evaluate(snap: Snapshot, transcripts: list[Transcript]) -> CheckResult:
-    v: dict[str, list[str]] = {name: [] for name in INVARIANTS}
-    m = snap.meta
-    lease, heartbeat = float(m.get("lease", 3.0)), float(m.get("heartbeat", 1.0))
-    grace, tick, slack = float(m.get("grace", 2.0)), float(m.get("tick", 0.5)), float(m.get("slack", 1.5))
+@dataclass
+class _Samples:
+    """Timings two checks measure on the way (stops, recovery), reported beside the verdicts."""
 
-    outages = [(f.at, f.ended_at) for f in snap.faults if f.outage and f.ended_at is not None]
+    recovery: list[float] = field(default_factory=list)
+    recovery_by_kind: defaultdict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    stop_seconds: list[float] = field(default_factory=list)
+    reap_lateness: list[float] = field(default_factory=list)
 
-    def outage_within(a: datetime, b: datetime) -> float:
-        return sum(max(0.0, _secs(max(a, s), min(b, e))) for s, e in outages)
 
-    # -- the life of each run, from the transition log -----------------------------------
-    lives: dict[uuid.UUID, _Life] = defaultdict(_Life)
-    for t in snap.transitions:
-        life = lives[t.run_id]
-        if t.old_status is None:
-            life.inserted = t.seq
-        elif t.old_status in TERMINAL:
-            life.changed_after_terminal.append(t)
-        if t.new_status == "running" and t.old_status != "running":
-            life.running.append(t.seq)
-        if t.new_status in TERMINAL and t.old_status not in TERMINAL:
-            life.terminal.append(t)
-        life.last_status = t.new_status
-    by_seq_terminal_at = {rid: life.terminal[0] for rid, life in lives.items() if life.terminal}
+@dataclass(frozen=True)
+class _Context:
+    """What every check reads: the snapshot, the transcripts, the bounds, and indexes built once."""
 
-    # 1. exactly one terminal state per run, and 2. terminal states never change.
-    for run in snap.runs.values():
-        rl = lives.get(run.id)
+    snap: Snapshot
+    transcripts: list[Transcript]
+    lease: float
+    heartbeat: float
+    grace: float
+    tick: float
+    slack: float
+    outages: list[tuple[datetime, datetime]]  # (start, end) of each PostgreSQL outage
+    lives: Mapping[uuid.UUID, _Life]  # only the runs the transition log mentions, in first-seen order
+    first_terminal: Mapping[uuid.UUID, Transition]  # each run's first transition into a terminal state
+    by_conv: Mapping[str, list[RunRow]]  # each conversation's runs, in queue order
+    reaped: frozenset[uuid.UUID]  # runs whose complete event gives the reason worker_lost
+    samples: _Samples = field(default_factory=_Samples)
+
+    @classmethod
+    def build(cls, snap: Snapshot, transcripts: list[Transcript]) -> _Context:
+        m = snap.meta
+        lives: defaultdict[uuid.UUID, _Life] = defaultdict(_Life)
+        for t in snap.transitions:
+            life = lives[t.run_id]
+            if t.old_status is None:
+                life.inserted = t.seq
+            elif t.old_status in TERMINAL:
+                life.changed_after_terminal.append(t)
+            if t.new_status == "running" and t.old_status != "running":
+                life.running.append(t.seq)
+            if t.new_status in TERMINAL and t.old_status not in TERMINAL:
+                life.terminal.append(t)
+            life.last_status = t.new_status
+        by_conv: defaultdict[str, list[RunRow]] = defaultdict(list)
+        for run in snap.runs.values():
+            by_conv[run.conversation_id].append(run)
+        for runs in by_conv.values():
+            runs.sort(key=lambda r: r.queue_order)
+        return cls(
+            snap=snap,
+            transcripts=transcripts,
+            lease=float(m.get("lease", 3.0)),
+            heartbeat=float(m.get("heartbeat", 1.0)),
+            grace=float(m.get("grace", 2.0)),
+            tick=float(m.get("tick", 0.5)),
+            slack=float(m.get("slack", 1.5)),
+            outages=[(f.at, f.ended_at) for f in snap.faults if f.outage and f.ended_at is not None],
+            lives=dict(lives),
+            first_terminal={rid: life.terminal[0] for rid, life in lives.items() if life.terminal},
+            by_conv=dict(by_conv),
+            reaped=frozenset(rid for rid in snap.runs if _ending_reason(snap, rid) == "worker_lost"),
+        )
+
+    def life(self, run_id: uuid.UUID) -> _Life:
+        """The run's life, empty (never claimed, never ended) when the log does not mention it."""
+        return self.lives.get(run_id, _NO_LIFE)
+
+    def outage_within(self, a: datetime, b: datetime) -> float:
+        """Seconds of PostgreSQL outage inside [a, b]."""
+        return sum(max(0.0, _secs(max(a, s), min(b, e))) for s, e in self.outages)
+
+
+def _exactly_one_terminal_state(ctx: _Context) -> list[str]:
+    """Proves every run ended terminal, by exactly one transition, and that the log agrees with the row."""
+    out: list[str] = []
+    for run in ctx.snap.runs.values():
+        life = ctx.lives.get(run.id)
         if run.status not in TERMINAL:
-            v["exactly_one_terminal_state"].append(f"run {run.id} ({run.conversation_id}) ended {run.status}")
-        if rl is None or rl.inserted is None:
-            v["exactly_one_terminal_state"].append(f"run {run.id}: no insert in the transition log")
+            out.append(f"run {run.id} ({run.conversation_id}) ended {run.status}")
+        if life is None or life.inserted is None:
+            out.append(f"run {run.id}: no insert in the transition log")
             continue
-        if run.status in TERMINAL and len(rl.terminal) != 1:
-            v["exactly_one_terminal_state"].append(
-                f"run {run.id}: {len(rl.terminal)} transitions into a terminal state "
-                f"(seqs {[t.seq for t in rl.terminal]})"
+        if run.status in TERMINAL and len(life.terminal) != 1:
+            out.append(
+                f"run {run.id}: {len(life.terminal)} transitions into a terminal state "
+                f"(seqs {[t.seq for t in life.terminal]})"
             )
-        if rl.last_status != run.status:
-            v["exactly_one_terminal_state"].append(
-                f"run {run.id}: row says {run.status}, transition log ends {rl.last_status}"
-            )
-        for t in rl.changed_after_terminal:
-            v["terminal_states_never_changed"].append(
-                f"run {run.id}: {t.old_status} -> {t.new_status} at seq {t.seq} ({t.at.isoformat()})"
-            )
+        if life.last_status != run.status:
+            out.append(f"run {run.id}: row says {run.status}, transition log ends {life.last_status}")
+    return out
 
-    # 3. no side effect twice, and no run claimed twice.
-    for run_id, step, executions in snap.side_effects:
+
+def _terminal_states_never_changed(ctx: _Context) -> list[str]:
+    """Proves no run left a terminal state, nor had its ending (error, finish time, claim) changed."""
+    out: list[str] = []
+    for run in ctx.snap.runs.values():
+        life = ctx.lives.get(run.id)
+        if life is None or life.inserted is None:
+            continue  # a run with no insert logged is exactly_one_terminal_state's violation
+        out.extend(
+            f"run {run.id}: {t.old_status} -> {t.new_status} at seq {t.seq} ({t.at.isoformat()})"
+            for t in life.changed_after_terminal
+        )
+    return out
+
+
+def _no_side_effect_twice(ctx: _Context) -> list[str]:
+    """Proves each side effect ran once, only for a claimed run, and no run was claimed twice."""
+    out: list[str] = []
+    for run_id, step, executions in ctx.snap.side_effects:
         if executions != 1:
-            v["no_side_effect_twice"].append(f"run {run_id} step {step}: executed {executions} times")
-        if run_id in lives and lives[run_id].run_seq is None:
-            v["no_side_effect_twice"].append(f"run {run_id} step {step}: side effect of a run never claimed")
-    for run_id, life in lives.items():
+            out.append(f"run {run_id} step {step}: executed {executions} times")
+        if run_id in ctx.lives and ctx.lives[run_id].run_seq is None:
+            out.append(f"run {run_id} step {step}: side effect of a run never claimed")
+    for run_id, life in ctx.lives.items():
         if len(life.running) > 1:
-            v["no_side_effect_twice"].append(
-                f"run {run_id}: claimed {len(life.running)} times {life.running}"
-            )
+            out.append(f"run {run_id}: claimed {len(life.running)} times {life.running}")
+    return out
 
-    # 4. never two running per conversation, and 5. turns ran in enqueue order.
-    by_conv: dict[str, list[RunRow]] = defaultdict(list)
-    for run in snap.runs.values():
-        by_conv[run.conversation_id].append(run)
-    for conv, runs in by_conv.items():
-        runs.sort(key=lambda r: r.queue_order)
+
+def _one_running_per_conversation(ctx: _Context) -> list[str]:
+    """Proves no turn started while another turn of its conversation was running."""
+    out: list[str] = []
+    for conv, runs in ctx.by_conv.items():
         started = sorted(
-            (r for r in runs if lives[r.id].run_seq is not None), key=lambda r: lives[r.id].run_seq or 0
+            (r for r in runs if ctx.life(r.id).run_seq is not None), key=lambda r: ctx.life(r.id).run_seq or 0
         )
         holder: RunRow | None = None
         for r in started:
-            life = lives[r.id]
+            life = ctx.life(r.id)
             assert life.run_seq is not None
-            if holder is not None and lives[holder.id].term_seq > life.run_seq:
-                v["one_running_per_conversation"].append(
+            if holder is not None and ctx.life(holder.id).term_seq > life.run_seq:
+                out.append(
                     f"{conv}: run {r.id} started (seq {life.run_seq}) while run {holder.id} was running "
-                    f"(seq {lives[holder.id].run_seq}..{lives[holder.id].term_seq})"
+                    f"(seq {ctx.life(holder.id).run_seq}..{ctx.life(holder.id).term_seq})"
                 )
-            if holder is None or life.term_seq > lives[holder.id].term_seq:
+            if holder is None or life.term_seq > ctx.life(holder.id).term_seq:
                 holder = r
+    return out
+
+
+def _turns_in_order(ctx: _Context) -> list[str]:
+    """Proves no turn started while an older turn of its conversation was still queued."""
+    out: list[str] = []
+    for conv, runs in ctx.by_conv.items():
         prior_max = -INF
         for i, r in enumerate(runs):
-            life = lives[r.id]
+            life = ctx.life(r.id)
             rs = life.run_seq
             if rs is not None and prior_max > rs:
                 for q in runs[:i]:
-                    ql = lives[q.id]
+                    ql = ctx.life(q.id)
                     if ql.term_seq > rs and (ql.run_seq is None or ql.run_seq > rs):
-                        v["turns_in_order"].append(
+                        out.append(
                             f"{conv}: run {r.id} (order {r.queue_order}) started at seq {rs} while the "
                             f"older turn {q.id} (order {q.queue_order}) was still queued"
                         )
             prior_max = max(prior_max, life.term_seq)
+    return out
 
-    # 6. each journal gap-free from 1, ending with exactly one complete that matches the row.
-    for run in snap.runs.values():
-        evs = snap.events.get(run.id, [])
+
+def _journal_gap_free_one_complete(ctx: _Context) -> list[str]:
+    """Proves each journal is seq 1..N from enqueue's events to one final complete matching the row."""
+    out: list[str] = []
+    for run in ctx.snap.runs.values():
+        evs = ctx.snap.events.get(run.id, [])
         seqs = [e[0] for e in evs]
         if seqs != list(range(1, len(seqs) + 1)):
             missing = sorted(set(range(1, max(seqs, default=0) + 1)) - set(seqs))
-            v["journal_gap_free_one_complete"].append(
-                f"run {run.id}: seqs not gap-free from 1 (missing {missing[:10]})"
-            )
+            out.append(f"run {run.id}: seqs not gap-free from 1 (missing {missing[:10]})")
         if [e[1] for e in evs[:2]] != ["user_message_created", "run_queued"]:
-            v["journal_gap_free_one_complete"].append(
-                f"run {run.id}: journal does not start with enqueue's events"
-            )
+            out.append(f"run {run.id}: journal does not start with enqueue's events")
         completes = [e for e in evs if e[1] == "complete"]
         if len(completes) != 1:
-            v["journal_gap_free_one_complete"].append(f"run {run.id}: {len(completes)} complete events")
+            out.append(f"run {run.id}: {len(completes)} complete events")
         elif evs[-1][1] != "complete":
-            v["journal_gap_free_one_complete"].append(
+            out.append(
                 f"run {run.id}: {len(evs) - 1 - evs.index(completes[0])} event(s) after complete "
                 f"(seq {completes[0][0]} of {evs[-1][0]})"
             )
         elif completes[0][2].get("status") != run.status:
-            v["journal_gap_free_one_complete"].append(
-                f"run {run.id}: complete says {completes[0][2].get('status')}, row says {run.status}"
-            )
+            out.append(f"run {run.id}: complete says {completes[0][2].get('status')}, row says {run.status}")
+    return out
 
-    # 7. every tail saw exactly the journal after its start: no gap, no duplicate, to the end.
-    for tr in transcripts:
+
+def _tails_saw_exact_journal(ctx: _Context) -> list[str]:
+    """Proves every tail, across its resumes, saw exactly the journal after its start, to the end."""
+    out: list[str] = []
+    for tr in ctx.transcripts:
         rid = uuid.UUID(tr.run_id)
-        expected = [(s, t, p) for s, t, p in snap.events.get(rid, []) if s > tr.from_seq]
+        expected = [(s, t, p) for s, t, p in ctx.snap.events.get(rid, []) if s > tr.from_seq]
         got = [(s, t, p) for s, t, p in tr.events]
         if not tr.finished:
-            v["tails_saw_exact_journal"].append(f"tail of {rid}: never reached the terminal event")
+            out.append(f"tail of {rid}: never reached the terminal event")
         if got != expected:
             gs = [e[0] for e in got]
             dup = sorted(s for s, c in Counter(gs).items() if c > 1)
             gap = sorted({e[0] for e in expected} - set(gs))
-            v["tails_saw_exact_journal"].append(
+            out.append(
                 f"tail of {rid} ({tr.resumes} resumes): saw seqs {gs[:40]}, journal has "
                 f"{[e[0] for e in expected][:40]}; duplicates {dup[:10]}, missing {gap[:10]}"
                 + _first_difference(got, expected)
             )
+    return out
 
-    # 8. stops: running turns end cancelled/completed within the bound; queued turns never start.
-    stop_seconds: list[float] = []
-    for st in snap.stops:
+
+def _stops_honoured(ctx: _Context) -> list[str]:
+    """Proves a stop ended its running turn in time (cancelled/completed) and cancelled its queued ones."""
+    out: list[str] = []
+    for st in ctx.snap.stops:
         cancelled, asked = set(st.cancelled), set(st.cancel_requested)
         for rid in cancelled:
-            if lives[rid].run_seq is not None or (rid in snap.runs and snap.runs[rid].status != "cancelled"):
-                v["stops_honoured"].append(
+            if ctx.life(rid).run_seq is not None or (
+                rid in ctx.snap.runs and ctx.snap.runs[rid].status != "cancelled"
+            ):
+                out.append(
                     f"stop {st.id}: run {rid}, cancelled before it started, started or ended otherwise"
                 )
-        for r in by_conv.get(st.conversation_id, []):
-            life = lives[r.id]
+        for r in ctx.by_conv.get(st.conversation_id, []):
+            life = ctx.life(r.id)
             if life.inserted is None or life.inserted > st.seq or life.term_seq < st.seq:
                 continue  # enqueued after the stop, or already finished before it
             rs = life.run_seq
             if rs is not None and rs < st.seq:  # running when the stop committed
                 if r.id not in asked:
-                    v["stops_honoured"].append(f"stop {st.id}: running run {r.id} was not asked to stop")
+                    out.append(f"stop {st.id}: running run {r.id} was not asked to stop")
                 if r.status not in ("cancelled", "completed"):
-                    v["stops_honoured"].append(f"stop {st.id}: running run {r.id} ended {r.status}")
+                    out.append(f"stop {st.id}: running run {r.id} ended {r.status}")
                 if life.terminal:
                     ended_at = life.terminal[0].at
                     took = _secs(st.at, ended_at)
-                    stop_seconds.append(took)
-                    reaped = _ending_reason(snap, r.id) == "worker_lost"
-                    bound = (lease + grace + tick if reaped else 2 * heartbeat + tick) + slack
-                    bound += outage_within(st.at, ended_at)
+                    ctx.samples.stop_seconds.append(took)
+                    reaped = r.id in ctx.reaped
+                    bound = (
+                        ctx.lease + ctx.grace + ctx.tick if reaped else 2 * ctx.heartbeat + ctx.tick
+                    ) + ctx.slack
+                    bound += ctx.outage_within(st.at, ended_at)
                     if took > bound:
-                        v["stops_honoured"].append(
+                        out.append(
                             f"stop {st.id}: run {r.id} ended {r.status} {took:.2f}s after the stop "
                             f"(bound {bound:.2f}s{', reaped' if reaped else ''})"
                         )
             else:  # queued when the stop committed
                 if rs is not None:
-                    v["stops_honoured"].append(
+                    out.append(
                         f"stop {st.id} (seq {st.seq}): queued run {r.id} of {st.conversation_id} started "
                         f"after the stop (seq {rs})"
                     )
                 if r.status != "cancelled" or r.id not in cancelled:
-                    v["stops_honoured"].append(
+                    out.append(
                         f"stop {st.id}: queued run {r.id} ended {r.status}"
                         + ("" if r.id in cancelled else " and is missing from the stop's cancelled list")
                     )
+    return out
 
-    # 9. recovery: a dead worker's runs end within lease + grace + one tick (+ outages).
-    recovery: list[float] = []
-    recovery_by_kind: dict[str, list[float]] = defaultdict(list)
-    reap_lateness: list[float] = []
-    for f in snap.faults:
+
+def _recovery_bounded(ctx: _Context) -> list[str]:
+    """Proves a dead or stopped worker's runs ended within lease + grace + tick + slack (+ outages)."""
+    out: list[str] = []
+    samples = ctx.samples
+    for f in ctx.snap.faults:
         for victim in f.victims:
-            end = by_seq_terminal_at.get(victim)
+            end = ctx.first_terminal.get(victim)
             if end is None:
-                v["recovery_bounded"].append(f"{f.kind} at {f.at.isoformat()}: victim {victim} never ended")
+                out.append(f"{f.kind} at {f.at.isoformat()}: victim {victim} never ended")
                 continue
             took = max(0.0, _secs(f.at, end.at))
-            recovery.append(took)
-            recovery_by_kind[f.kind].append(took)
-            bound = lease + grace + tick + slack + outage_within(f.at, end.at)
+            samples.recovery.append(took)
+            samples.recovery_by_kind[f.kind].append(took)
+            bound = ctx.lease + ctx.grace + ctx.tick + ctx.slack + ctx.outage_within(f.at, end.at)
             if took > bound:
-                v["recovery_bounded"].append(
+                out.append(
                     f"{f.kind} at {f.at.isoformat()}: victim {victim} ended {end.new_status} after "
                     f"{took:.2f}s (bound {bound:.2f}s)"
                 )
-    for run in snap.runs.values():
-        if _ending_reason(snap, run.id) != "worker_lost":
+    for run in ctx.snap.runs.values():
+        if run.id not in ctx.reaped:
             continue
-        end = by_seq_terminal_at.get(run.id)
+        end = ctx.first_terminal.get(run.id)
         if end is None or end.old_claim_expires_at is None:
             continue
         late = _secs(end.old_claim_expires_at, end.at)
-        reap_lateness.append(late)
-        bound = grace + tick + slack + outage_within(end.old_claim_expires_at, end.at)
+        samples.reap_lateness.append(late)
+        bound = ctx.grace + ctx.tick + ctx.slack + ctx.outage_within(end.old_claim_expires_at, end.at)
         if late > bound:
-            v["recovery_bounded"].append(
+            out.append(
                 f"run {run.id} ({run.conversation_id}) reaped {late:.2f}s after its lease expired "
                 f"(bound grace+tick+slack = {bound:.2f}s)"
             )
+    return out
 
+
+_CHECKS: dict[str, Callable[[_Context], list[str]]] = {
+    "exactly_one_terminal_state": _exactly_one_terminal_state,
+    "terminal_states_never_changed": _terminal_states_never_changed,
+    "no_side_effect_twice": _no_side_effect_twice,
+    "one_running_per_conversation": _one_running_per_conversation,
+    "turns_in_order": _turns_in_order,
+    "journal_gap_free_one_complete": _journal_gap_free_one_complete,
+    "tails_saw_exact_journal": _tails_saw_exact_journal,
+    "stops_honoured": _stops_honoured,
+    "recovery_bounded": _recovery_bounded,
+}
+"""Each invariant's check, in report order: a new invariant is one function and one entry here."""
+
+INVARIANTS = tuple(_CHECKS)
+"""One boolean per invariant in the report, in this order (a stable format)."""
+
+
+def evaluate(snap: Snapshot, transcripts: list[Transcript]) -> CheckResult:
+    """Decides every invariant from the snapshot and the transcripts alone."""
+    ctx = _Context.build(snap, transcripts)
+    v = {name: check(ctx) for name, check in _CHECKS.items()}
+    return CheckResult(
+        invariants={name: not lst for name, lst in v.items()},
+        violations={name: lst[:MAX_LISTED] for name, lst in v.items() if lst},
+        violation_counts={name: len(lst) for name, lst in v.items() if lst},
+        counts=_counts(ctx),
+        faults=dict(sorted(Counter(f.kind for f in snap.faults).items())),
+        recovery_seconds=ctx.samples.recovery,
+        recovery_by_kind=dict(ctx.samples.recovery_by_kind),
+        stop_seconds=ctx.samples.stop_seconds,
+        reap_lateness_seconds=ctx.samples.reap_lateness,
+    )
+
+
+def _counts(ctx: _Context) -> dict[str, Any]:
+    snap, transcripts = ctx.snap, ctx.transcripts
     by_status = Counter(r.status for r in snap.runs.values())
-    counts = {
+    return {
         "runs": len(snap.runs),
         "by_status": dict(sorted(by_status.items())),
-        "conversations": len(by_conv),
+        "conversations": len(ctx.by_conv),
         "events": sum(len(e) for e in snap.events.values()),
         "side_effects": len(snap.side_effects),
         "transitions": len(snap.transitions),
-        "reaped": sum(1 for r in snap.runs if _ending_reason(snap, r) == "worker_lost"),
+        "reaped": len(ctx.reaped),
         "stops": len(snap.stops),
         "stopped_running": sum(len(s.cancel_requested) for s in snap.stops),
         "stopped_queued": sum(len(s.cancelled) for s in snap.stops),
@@ -461,17 +566,6 @@ def evaluate(snap: Snapshot, transcripts: list[Transcript]) -> CheckResult:
         "tails_resumed": sum(1 for t in transcripts if t.resumes),
         "tail_resumes": sum(t.resumes for t in transcripts),
     }
-    return CheckResult(
-        invariants={name: not v[name] for name in INVARIANTS},
-        violations={name: lst[:MAX_LISTED] for name, lst in v.items() if lst},
-        violation_counts={name: len(lst) for name, lst in v.items() if lst},
-        counts=counts,
-        faults=dict(sorted(Counter(f.kind for f in snap.faults).items())),
-        recovery_seconds=recovery,
-        recovery_by_kind=dict(recovery_by_kind),
-        stop_seconds=stop_seconds,
-        reap_lateness_seconds=reap_lateness,
-    )
 
 
 def _first_difference(got: list[Any], expected: list[Any]) -> str:
