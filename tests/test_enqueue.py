@@ -14,7 +14,7 @@ from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 import runrow
-from runrow import _db
+from runrow._gateway import _exec
 from runrow._names import Channels
 
 from .helpers import count, counts, events, run_row, table, wait_for
@@ -433,7 +433,7 @@ async def test_a_transaction_runrow_opens_turns_jit_off_once(dsn: str, schema: s
         # The guard's mechanics, on any server: declared able to compile (runrow asks the
         # server once per connection; one without a JIT provider takes no guard at all,
         # see the next test).
-        _db._CAN_JIT.add(conn)
+        _exec._CAN_JIT.add(conn)
         await runrow.enqueue(conn, schema=schema, conversation_id="c", user_id="u", content=1)
         if not autocommit:
             await conn.commit()

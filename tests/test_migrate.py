@@ -74,7 +74,7 @@ async def test_out_of_date_schema_is_reported_with_the_fix(
     try:
         await runrow.migrate(dsn, schema=schema_name)
         monkeypatch.setattr(_sql, "migrations", lambda: extra)
-        from runrow._db import require_schema
+        from runrow._gateway.schema import require as require_schema
 
         with pytest.raises(runrow.SchemaOutOfDate, match="runrow migrate") as info:
             await require_schema(conn, schema_name)

@@ -40,12 +40,12 @@ from .._db import (
     describe,
     execute,
     jit_off_session,
-    require_schema,
     statement_conn,
 )
 from .._engine.journal_writer import AppendItem, JournalWriter
 from .._errors import ConfigurationError, InvalidInput, LeaseLost
 from .._events import DEFAULT_MAX_EVENT_BYTES
+from .._gateway import schema as _schema
 from .._hub import NotifyHub
 from .._names import DEFAULT_SCHEMA, Channels, check_schema
 from .context import Agent, RunContext
@@ -427,7 +427,7 @@ class Dispatcher:
             await self._pool.open(wait=True)
         try:
             async with statement_conn(self.pool) as conn:
-                await require_schema(conn, self.schema)
+                await _schema.require(conn, self.schema)
             if self._owns_hub:
                 self._hub = NotifyHub(self.listen_conninfo or self._conninfo())
                 await self._hub.__aenter__()
