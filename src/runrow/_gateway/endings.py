@@ -1,0 +1,107 @@
+"""The ending writer's statements: ``finalize`` and ``ending_landed`` (``sql/runs.sql``),
+and the bounds it sets around them (``ending_budget*``, ``sql/session.sql``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .. import _sql
+from ._exec import execute
+from .journal import EventRow, batch_json
+
+if TYPE_CHECKING:
+    import uuid
+    from collections.abc import Sequence
+
+    from psycopg import AsyncConnection
+
+    from .._names import Channels
+
+
+@dataclass(frozen=True, slots=True)
+class Ending:
+    """One run's terminal write: its status, error and unsaved answer text, and its last
+    events (the terminal ``complete`` event is the last of them)."""
+
+    run_id: uuid.UUID
+    claim_token: uuid.UUID
+    status: str
+    error: str | None
+    """The error as JSON text, or None."""
+    partial: str | None
+    """Streamed answer text not yet in the transcript, saved as a draft."""
+    events: Sequence[EventRow]
+
+
+async def finalize(
+    conn: AsyncConnection,
+    schema: str,
+    endings: Sequence[Ending],
+    *,
+    channels: Channels,
+    local_bound_ms: int | None = None,
+    session_bound_ms: int | None = None,
+) -> set[uuid.UUID]:
+    """Writes the endings in one statement, each fenced by its claim; returns the runs
+    whose ending landed. ``local_bound_ms`` bounds this statement alone (a setting local
+    to its implicit transaction, pipelined ahead of it: same round trip, and JIT off);
+    ``session_bound_ms`` sets the bound for the connection's session first (undo it
+    with :func:`unset_session_bound` before the connection serves anything else)."""
+    params = {
+        "runs": batch_json(
+            {
+                "id": str(e.run_id),
+                "token": str(e.claim_token),
+                "status": e.status,
+                "error": e.error,
+                "partial": e.partial,
+            }
+            for e in endings
+        ),
+        "events": batch_json(
+            {"run_id": str(e.run_id), "seq": seq, "type": etype, "payload": payload}
+            for e in endings
+            for seq, etype, payload in e.events
+        ),
+        "events_prefix": channels.events_prefix,
+        "wake_channel": channels.wake,
+    }
+    cur = conn.cursor()
+    if local_bound_ms is None and session_bound_ms is None:
+        await cur.execute(_sql.statement("finalize", schema), params)
+    else:
+        async with conn.pipeline():
+            if session_bound_ms is not None:
+                await conn.execute(
+                    _sql.statement("ending_budget_session", schema), {"timeout": f"{session_bound_ms}ms"}
+                )
+            else:
+                await conn.execute(
+                    _sql.statement("ending_budget", schema), {"timeout": f"{local_bound_ms}ms"}
+                )
+            await cur.execute(_sql.statement("finalize", schema), params)
+    return {row[0] for row in await cur.fetchall()}
+
+
+async def unset_session_bound(conn: AsyncConnection, schema: str) -> None:
+    """Takes the session bound that ``finalize(session_bound_ms=...)`` set off again."""
+    await conn.execute(_sql.statement("ending_budget_unset", schema))
+
+
+async def landed(conn: AsyncConnection, schema: str, ending: Ending) -> bool:
+    """Whether ``ending`` is the one recorded (an earlier attempt whose answer was lost)."""
+    seq, _, payload = ending.events[-1]  # the terminal event
+    cur = await execute(
+        conn,
+        _sql.statement("ending_landed", schema),
+        {
+            "run_id": ending.run_id,
+            "claim_token": ending.claim_token,
+            "status": ending.status,
+            "seq": seq,
+            "payload": payload,
+        },
+    )
+    row = await cur.fetchone()
+    return bool(row and row[0])

@@ -1,0 +1,79 @@
+"""The journal writer's statements (``append_events``, ``flush_landed`` in ``sql/journal.sql``)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .. import _sql
+from ._exec import execute
+
+if TYPE_CHECKING:
+    import uuid
+    from collections.abc import Iterable, Sequence
+
+    from psycopg import AsyncConnection
+
+    from .._names import Channels
+
+# One event as the writer numbers it: (seq, type, payload as JSON text).
+EventRow = tuple[int, str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Appended:
+    """One run's events for one batched append, behind its claim token."""
+
+    run_id: uuid.UUID
+    claim_token: uuid.UUID
+    events: Sequence[EventRow]
+
+
+@dataclass(frozen=True, slots=True)
+class FlushState:
+    """What a read-back found after a flush of unknown outcome."""
+
+    landed: int
+    """How many of the flush's seqs are in the journal."""
+    owned: bool
+    """Whether the claim is still this worker's."""
+
+
+def batch_json(rows: Iterable[dict[str, Any]]) -> str:
+    """A batch as one JSON array of objects, the shape ``jsonb_to_recordset()`` reads. (The
+    values are ids, numbers and text already checked for jsonb; payloads travel as text.)"""
+    return json.dumps(list(rows), ensure_ascii=False, separators=(",", ":"))
+
+
+async def append(
+    conn: AsyncConnection, schema: str, batch: Sequence[Appended], *, channels: Channels, notify: bool = True
+) -> set[uuid.UUID]:
+    """Appends every run's events in one statement, each fenced by its claim; returns
+    the runs whose events landed (a run missing lost its claim). ``notify=False`` drops
+    the per-run NOTIFY (tails then poll); it exists to measure what the NOTIFY costs."""
+    events = batch_json(
+        {"run_id": str(a.run_id), "token": str(a.claim_token), "seq": seq, "type": etype, "payload": payload}
+        for a in batch
+        for seq, etype, payload in a.events
+    )
+    cur = await execute(
+        conn,
+        _sql.statement("append_events", schema),
+        {"events": events, "events_prefix": channels.events_prefix, "notify": notify},
+    )
+    return {row[0] for row in await cur.fetchall()}
+
+
+async def flush_landed(
+    conn: AsyncConnection, schema: str, run_id: uuid.UUID, claim_token: uuid.UUID, seqs: list[int]
+) -> FlushState:
+    """Reads back how much of a flush landed and whether the claim still holds."""
+    cur = await execute(
+        conn,
+        _sql.statement("flush_landed", schema),
+        {"run_id": run_id, "claim_token": claim_token, "seqs": seqs},
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    return FlushState(int(row[0]), bool(row[1]))

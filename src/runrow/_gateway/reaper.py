@@ -1,0 +1,64 @@
+"""The reaper's statements (``reap_candidates``, ``reap`` in ``sql/runs.sql``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .. import _sql
+from ._exec import execute
+
+if TYPE_CHECKING:
+    import uuid
+    from datetime import datetime
+
+    from psycopg import AsyncConnection
+
+    from .._names import Channels
+
+
+@dataclass(frozen=True, slots=True)
+class Reaped:
+    """A run the reaper ended: its terminal status and the worker that lost it."""
+
+    run_id: uuid.UUID
+    conversation_id: str
+    status: str
+    worker_id: str | None
+
+
+async def candidates(
+    conn: AsyncConnection, schema: str, *, grace_seconds: float, limit: int, now: datetime | None = None
+) -> list[uuid.UUID]:
+    """Runs whose lease lapsed more than ``grace_seconds`` ago, oldest first."""
+    cur = await execute(
+        conn,
+        _sql.statement("reap_candidates", schema),
+        {"now": now, "grace_seconds": grace_seconds, "limit": limit},
+    )
+    return [row[0] for row in await cur.fetchall()]
+
+
+async def reap(
+    conn: AsyncConnection,
+    schema: str,
+    ids: list[uuid.UUID],
+    *,
+    grace_seconds: float,
+    channels: Channels,
+    now: datetime | None = None,
+) -> list[Reaped]:
+    """Ends those of ``ids`` still expired (re-checked inside the write), each with its
+    terminal event; wakes their tails and the queue."""
+    cur = await execute(
+        conn,
+        _sql.statement("reap", schema),
+        {
+            "ids": ids,
+            "now": now,
+            "grace_seconds": grace_seconds,
+            "events_prefix": channels.events_prefix,
+            "wake_channel": channels.wake,
+        },
+    )
+    return [Reaped(row[0], row[1], row[2], row[3]) for row in await cur.fetchall()]
