@@ -1,4 +1,4 @@
-"""A hand-driven worker: the same SQL statements the dispatcher uses, one step at a time.
+"""A hand-driven worker: the dispatcher's own gateway calls, one step at a time.
 
 Tests use it to put runs into exact states (claimed, expired, half-streamed) and to
 replay races deterministically, with an injectable clock where the SQL takes one.
@@ -6,6 +6,7 @@ replay races deterministically, with an injectable clock where the SQL takes one
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from datetime import datetime
@@ -13,7 +14,8 @@ from typing import Any
 
 import psycopg
 
-from runrow import _sql
+from runrow._gateway import claims, endings, journal, reaper
+from runrow._gateway import lease as _lease
 from runrow._names import Channels
 
 
@@ -26,12 +28,10 @@ async def claim(
     now: datetime | None = None,
     worker_id: str = "manual",
 ) -> list[dict[str, Any]]:
-    cur = conn.cursor(row_factory=psycopg.rows.dict_row)
-    await cur.execute(
-        _sql.statement("claim", schema),
-        {"limit": limit, "lease_seconds": lease, "worker_id": worker_id, "now": now},
+    rows = await claims.claim(
+        conn, schema, order="fair", limit=limit, lease_seconds=lease, worker_id=worker_id, now=now
     )
-    return await cur.fetchall()
+    return [dataclasses.asdict(r) for r in rows]
 
 
 async def heartbeat(
@@ -42,11 +42,7 @@ async def heartbeat(
     lease: float = 30.0,
     now: datetime | None = None,
 ) -> dict[uuid.UUID, bool]:
-    cur = await conn.execute(
-        _sql.statement("heartbeat", schema),
-        {"ids": [r for r, _ in runs], "tokens": [t for _, t in runs], "lease_seconds": lease, "now": now},
-    )
-    return {r[0]: r[1] for r in await cur.fetchall()}
+    return await _lease.heartbeat(conn, schema, runs, lease_seconds=lease, now=now)
 
 
 async def append(
@@ -58,26 +54,15 @@ async def append(
     *,
     notify: bool = True,
 ) -> bool:
-    cur = await conn.execute(
-        _sql.statement("append_events", schema),
-        {
-            "events": json.dumps(
-                [
-                    {
-                        "run_id": str(run_id),
-                        "token": str(token),
-                        "seq": e[0],
-                        "type": e[1],
-                        "payload": json.dumps(e[2]),
-                    }
-                    for e in events
-                ]
-            ),
-            "events_prefix": Channels.for_schema(schema).events_prefix,
-            "notify": notify,
-        },
+    rows = [(seq, etype, json.dumps(payload)) for seq, etype, payload in events]
+    landed = await journal.append(
+        conn,
+        schema,
+        [journal.Appended(run_id, token, rows)],
+        channels=Channels.for_schema(schema),
+        notify=notify,
     )
-    return bool(await cur.fetchall())
+    return run_id in landed
 
 
 async def finalize(
@@ -91,45 +76,21 @@ async def finalize(
     error: dict[str, Any] | None = None,
     partial: str | None = None,
 ) -> bool:
-    ch = Channels.for_schema(schema)
-    cur = await conn.execute(
-        _sql.statement("finalize", schema),
-        {
-            "runs": json.dumps(
-                [
-                    {
-                        "id": str(run_id),
-                        "token": str(token),
-                        "status": status,
-                        "error": None if error is None else json.dumps(error),
-                        "partial": partial,
-                    }
-                ]
-            ),
-            "events": json.dumps(
-                [
-                    {
-                        "run_id": str(run_id),
-                        "seq": seq,
-                        "type": "complete",
-                        "payload": json.dumps({"status": status}),
-                    }
-                ]
-            ),
-            "events_prefix": ch.events_prefix,
-            "wake_channel": ch.wake,
-        },
+    ending = endings.Ending(
+        run_id=run_id,
+        claim_token=token,
+        status=status,
+        error=None if error is None else json.dumps(error),
+        partial=partial,
+        events=[(seq, "complete", json.dumps({"status": status}))],
     )
-    return bool(await cur.fetchall())
+    return run_id in await endings.finalize(conn, schema, [ending], channels=Channels.for_schema(schema))
 
 
 async def reap_candidates(
     conn: psycopg.AsyncConnection, schema: str, *, grace: float, now: datetime | None = None
 ) -> list[uuid.UUID]:
-    cur = await conn.execute(
-        _sql.statement("reap_candidates", schema), {"now": now, "grace_seconds": grace, "limit": 100}
-    )
-    return [r[0] for r in await cur.fetchall()]
+    return await reaper.candidates(conn, schema, grace_seconds=grace, limit=100, now=now)
 
 
 async def reap(
@@ -140,18 +101,10 @@ async def reap(
     grace: float,
     now: datetime | None = None,
 ) -> list[uuid.UUID]:
-    ch = Channels.for_schema(schema)
-    cur = await conn.execute(
-        _sql.statement("reap", schema),
-        {
-            "ids": ids,
-            "now": now,
-            "grace_seconds": grace,
-            "events_prefix": ch.events_prefix,
-            "wake_channel": ch.wake,
-        },
+    ended = await reaper.reap(
+        conn, schema, ids, grace_seconds=grace, channels=Channels.for_schema(schema), now=now
     )
-    return [r[0] for r in await cur.fetchall()]
+    return [r.run_id for r in ended]
 
 
 async def db_now(conn: psycopg.AsyncConnection) -> datetime:

@@ -9,8 +9,7 @@ import psycopg
 import pytest
 
 import runrow
-from runrow import _json, _sql
-from runrow._engine.dispatcher import DEADLINE_ERROR, reap_expired
+from runrow._engine.reaper import reap_expired
 
 from . import manual
 from .helpers import assert_journal_sound, run_row, status_of, wait_for
@@ -77,54 +76,6 @@ async def test_a_run_claimed_after_its_deadline_never_calls_the_agent(
     assert called == ["fine"]
     assert (await run_row(conn, schema, late.id))["error"]["type"] == "deadline_exceeded"
     assert await status_of(conn, schema, fine.id) == "completed"
-
-
-async def test_the_reaper_fails_a_run_past_its_deadline_even_with_a_live_lease(
-    dsn: str, schema: str, conn: psycopg.AsyncConnection
-) -> None:
-    run = await runrow.enqueue(
-        dsn, schema=schema, conversation_id="c", user_id="u", content="x", deadline=timedelta(seconds=10)
-    )
-    (claimed,) = await manual.claim(conn, schema, lease=3600, worker_id="stuck-worker")
-    row = await run_row(conn, schema, run.id)
-    # Within the grace after the deadline nothing happens; past it, the run fails.
-    assert (
-        await reap_expired(conn, schema=schema, grace=5, now=row["deadline_at"] + timedelta(seconds=4)) == []
-    )
-    reaped = await reap_expired(conn, schema=schema, grace=5, now=row["deadline_at"] + timedelta(seconds=6))
-    assert reaped == [run.id]
-    row = await run_row(conn, schema, run.id)
-    assert row["status"] == "failed" and row["error"]["type"] == "deadline_exceeded"
-    evs = await assert_journal_sound(conn, schema, run.id)
-    assert evs[-1][2]["reason"] == "deadline_exceeded"
-    # The stuck worker is fenced out.
-    assert not await manual.append(conn, schema, run.id, claimed["claim_token"], [(3, "x", {})])
-
-
-async def test_a_reaped_deadline_ending_is_not_read_back_as_the_worker_s_own(
-    dsn: str, schema: str, conn: psycopg.AsyncConnection
-) -> None:
-    """A worker whose ending lost its answer reads back whether the recorded ending is its
-    own (sql/runs.sql ending_landed). The reaper's deadline ending has the same status,
-    error, seq and claim token as the worker's would; its terminal event tells them apart."""
-    run = await runrow.enqueue(
-        dsn, schema=schema, conversation_id="c", user_id="u", content="x", deadline=timedelta(seconds=10)
-    )
-    (claimed,) = await manual.claim(conn, schema, lease=3600, worker_id="w")
-    row = await run_row(conn, schema, run.id)
-    await reap_expired(conn, schema=schema, grace=5, now=row["deadline_at"] + timedelta(seconds=6))
-    row = await run_row(conn, schema, run.id)
-    assert row["status"] == "failed" and row["error"] == DEADLINE_ERROR
-    seq, _, recorded = (await assert_journal_sound(conn, schema, run.id))[-1]
-    assert seq == claimed["last_seq"] + 1  # where the worker's own ending would have gone
-    worker_s = {"status": "failed", "error": DEADLINE_ERROR, "reason": "deadline_exceeded"}
-    query = _sql.statement("ending_landed", schema)
-    fields = {"run_id": run.id, "claim_token": claimed["claim_token"], "status": "failed", "seq": seq}
-    cur = await conn.execute(query, {**fields, "payload": _json.dumps(worker_s, "event")})
-    assert (await cur.fetchone()) == (False,)
-    # The read-back does say yes to the ending actually recorded.
-    cur = await conn.execute(query, {**fields, "payload": _json.dumps(recorded, "event")})
-    assert (await cur.fetchone()) == (True,)
 
 
 async def test_a_lost_worker_past_the_deadline_reads_as_both(

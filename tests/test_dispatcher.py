@@ -15,7 +15,8 @@ from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 import runrow
-from runrow._engine.dispatcher import reap_expired
+from runrow._engine.reaper import reap_expired
+from runrow._gateway.journal import Appended
 
 from . import manual
 from .chaos.proxy import Proxy
@@ -104,7 +105,7 @@ async def test_slots_are_taken_before_claiming(dsn: str, schema: str, conn: psyc
         await wait_for(lambda: _all_terminal(conn, schema, runs), what="all runs")
     assert max(seen_running) == 3
     # Claims are batched: fewer claim statements than runs claimed.
-    assert d.stats["claimed"] == 7 and d.stats["completed"] == 7
+    assert d.get_stats()["claimed"] == 7 and d.get_stats()["completed"] == 7
 
 
 async def _all_terminal(conn: psycopg.AsyncConnection, schema: str, runs: list[runrow.Run]) -> bool:
@@ -212,7 +213,7 @@ async def test_a_claim_that_hits_the_unique_index_claims_nothing_and_carries_on(
             # The dispatcher's claim of `queued` now waits on the intruder's index entry.
             await wait_for(lambda: _waiting_on_lock(conn), what="the claim to block on the index")
             await intruder.execute("COMMIT")
-            await wait_for(lambda: d.stats["claim_conflicts"] >= 1, what="a claim conflict")
+            await wait_for(lambda: d.get_stats()["claim_conflicts"] >= 1, what="a claim conflict")
             assert await status_of(conn, schema, queued.id) == "queued"
             # End the intruder's turn: the queued one then runs.
             await conn.execute(
@@ -261,7 +262,7 @@ async def test_a_lost_claim_stops_the_agent_and_writes_nothing_more(
         step.set()
         await wait_for(lambda: outcome, what="the agent's second write")
         await wait_for(lambda: not d.in_flight, what="the worker to stand down")
-        assert d.stats["lost"] >= 1
+        assert d.get_stats()["lost"] >= 1
     assert outcome == ["lease lost"]
     assert await status_of(conn, schema, run.id) == "running"  # the worker wrote no ending
     assert [t for _, t, _ in await events(conn, schema, run.id)] == [
@@ -273,79 +274,6 @@ async def test_a_lost_claim_stops_the_agent_and_writes_nothing_more(
 
 async def _has_event(conn: psycopg.AsyncConnection, schema: str, run_id: uuid.UUID, etype: str) -> bool:
     return any(t == etype for _, t, _ in await events(conn, schema, run_id))
-
-
-async def test_reaper_fails_an_orphan_and_the_next_turn_runs(
-    dsn: str, schema: str, conn: psycopg.AsyncConnection
-) -> None:
-    ran: list[object] = []
-
-    async def agent(run: runrow.RunContext) -> None:
-        ran.append(run.content)
-
-    orphan = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="orphan")
-    nxt = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="next")
-    (claimed,) = await manual.claim(conn, schema, lease=0.2, worker_id="dead-worker")
-    assert await manual.append(
-        conn, schema, orphan.id, claimed["claim_token"], [(3, "content_delta", {"delta": "half"})]
-    )
-    async with runrow.Dispatcher(dsn, agent, schema=schema, **{**FAST, "grace": 0.3}) as d:
-        await wait_for(lambda: is_terminal(conn, schema, orphan.id), what="the orphan to be reaped")
-        await wait_for(lambda: ran == ["next"], what="the next turn")
-        assert d.stats["reaped"] == 1
-    row = await run_row(conn, schema, orphan.id)
-    assert row["status"] == "failed" and row["error"]["type"] == "worker_lost"
-    evs = await assert_journal_sound(conn, schema, orphan.id)
-    assert evs[-1][2]["reason"] == "worker_lost" and evs[-1][0] == 4
-    assert await status_of(conn, schema, nxt.id) == "completed"
-
-
-async def test_reaper_heartbeat_race_heartbeat_wins(
-    dsn: str, schema: str, conn: psycopg.AsyncConnection
-) -> None:
-    """The reaper reads an expired lease; a heartbeat lands; the reaper's write must no-op."""
-    run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
-    now = await manual.db_now(conn)
-    (claimed,) = await manual.claim(conn, schema, lease=30, now=now - timedelta(minutes=5))
-    later = now + timedelta(seconds=1)
-    # 1. The reaper's read: expired long ago.
-    assert await manual.reap_candidates(conn, schema, grace=30, now=later) == [run.id]
-    # 2. The worker wakes from its pause and heartbeats before the reaper writes.
-    assert await manual.heartbeat(conn, schema, [(run.id, claimed["claim_token"])], now=now) == {
-        run.id: False
-    }
-    # 3. The reaper's write re-checks the expiry against the row as it is now: nothing happens.
-    assert await manual.reap(conn, schema, [run.id], grace=30, now=later) == []
-    assert await status_of(conn, schema, run.id) == "running"
-    # Without the heartbeat, the same write reaps.
-    assert await manual.reap(conn, schema, [run.id], grace=30, now=now + timedelta(minutes=5)) == [run.id]
-
-
-async def test_reaper_blocked_behind_a_heartbeat_rechecks_after_it(
-    dsn: str, schema: str, conn: psycopg.AsyncConnection
-) -> None:
-    """The same race with real locks: the heartbeat holds the row; the reap waits, then no-ops."""
-    run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
-    (claimed,) = await manual.claim(conn, schema, lease=0.01)
-    await wait_for(lambda: manual.reap_candidates(conn, schema, grace=0.01), what="the lease to lapse")
-    beat = await psycopg.AsyncConnection.connect(dsn)
-    reaped: list[list[uuid.UUID]] = []
-    try:
-        await beat.execute("BEGIN")
-        assert await manual.heartbeat(beat, schema, [(run.id, claimed["claim_token"])], lease=60)
-
-        async def reaper() -> None:
-            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as rc:
-                reaped.append(await manual.reap(rc, schema, [run.id], grace=0.01))
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(reaper)
-            await wait_for(lambda: _waiting_on_lock(conn), what="the reaper to wait on the row")
-            await beat.execute("COMMIT")
-    finally:
-        await beat.close()
-    assert reaped == [[]]
-    assert await status_of(conn, schema, run.id) == "running"
 
 
 async def test_terminal_states_are_sticky(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
@@ -548,13 +476,13 @@ async def test_an_ending_whose_connection_dies_is_retried_and_lands(
     )
     async with pool, runrow.Dispatcher(pool, agent, schema=schema, notifications=False, **FAST) as d:
         warm = await runrow.enqueue(dsn, schema=schema, conversation_id="w", user_id="u", content="warm")
-        await wait_for(lambda: d.stats["completed"] == 1, what="the warm-up run")
+        await wait_for(lambda: d.get_stats()["completed"] == 1, what="the warm-up run")
         assert await status_of(conn, schema, warm.id) == "completed"
         run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content=1)
         await wait_for(lambda: is_terminal(conn, schema, run.id), timeout=15, what="the run's ending")
         await wait_for(lambda: not d.in_flight, what="the run released")
     assert await status_of(conn, schema, run.id) == "completed"
-    assert d.stats["completed"] == 2 and d.stats["lost"] == 0
+    assert d.get_stats()["completed"] == 2 and d.get_stats()["lost"] == 0
     evs = await assert_journal_sound(conn, schema, run.id)
     assert [t for _, t, _ in evs][-2:] == ["content_delta", "complete"]
     assert any(f"finalize of run {run.id} failed (attempt 1)" in r.getMessage() for r in caplog.records)
@@ -601,7 +529,7 @@ async def test_an_ending_that_committed_but_lost_its_answer_is_counted_once(
         tg.cancel_scope.cancel()
     assert proxy.answers_lost == 1
     assert finished == [True]
-    assert d.stats["failed"] == 1 and d.stats["lost"] == 0
+    assert d.get_stats()["failed"] == 1 and d.get_stats()["lost"] == 0
     row = await run_row(conn, schema, run.id)
     assert row["status"] == "failed" and marker in row["error"]["message"]
     evs = await assert_journal_sound(conn, schema, run.id)
@@ -760,7 +688,7 @@ async def test_the_ending_writers_session_bound_never_reaches_other_statements(
     async with runrow.Dispatcher(dsn, agent, schema=schema, notifications=False, **FAST) as d:
         first = await runrow.enqueue(dsn, schema=schema, conversation_id="a", user_id="u", content=1)
         await wait_for(lambda: is_terminal(conn, schema, first.id), what="the first ending")
-        kept = d._finalize_conn._conn
+        kept = d._parts.endings.conn._conn
         assert kept is not None
         cur = await kept.execute("SELECT current_setting('statement_timeout')")
         assert (await cur.fetchone()) != ("0",), "the kept connection carries no session bound"
@@ -770,9 +698,11 @@ async def test_the_ending_writers_session_bound_never_reaches_other_statements(
         # A refused ending gives the kept connection back to the pool.
         await _refuse_completions(conn, schema)
         refused = await runrow.enqueue(dsn, schema=schema, conversation_id="b", user_id="u", content=1)
-        await wait_for(lambda: d.stats["claimed"] == 2 and not d.in_flight, what="the refused run let go")
+        await wait_for(
+            lambda: d.get_stats()["claimed"] == 2 and not d.in_flight, what="the refused run let go"
+        )
         assert await status_of(conn, schema, refused.id) == "running"
-        assert d._finalize_conn._conn is not kept
+        assert d._parts.endings.conn._conn is not kept
         if not kept.closed:
             cur = await kept.execute(
                 "SELECT current_setting('statement_timeout'), current_setting('lock_timeout')"
@@ -798,7 +728,7 @@ async def test_the_ending_writers_session_bound_never_reaches_other_statements(
         finally:
             for c in others:
                 await d.pool.putconn(c)
-        assert d._finalize_conn._conn is kept, "the ending writer took another connection"
+        assert d._parts.endings.conn._conn is kept, "the ending writer took another connection"
         cur = await kept.execute("SELECT current_setting('statement_timeout')")
         assert (await cur.fetchone()) != ("0",), "an ending went out on the reused connection unbounded"
 
@@ -817,7 +747,7 @@ async def test_a_clean_shutdown_logs_no_warning(
     async with runrow.Dispatcher(dsn, agent, schema=schema, **FAST) as d:
         for k in range(3):
             await runrow.enqueue(dsn, schema=schema, conversation_id=f"c{k}", user_id="u", content=k)
-        await wait_for(lambda: d.stats["completed"] == 3, what="three endings")
+        await wait_for(lambda: d.get_stats()["completed"] == 3, what="three endings")
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
@@ -834,7 +764,7 @@ async def test_a_rejected_ending_is_left_to_the_reaper(
 
     async with runrow.Dispatcher(dsn, agent, schema=schema, **FAST) as d:
         run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content=1)
-        await wait_for(lambda: d.stats["claimed"] == 1 and not d.in_flight, what="the run let go")
+        await wait_for(lambda: d.get_stats()["claimed"] == 1 and not d.in_flight, what="the run let go")
         assert await status_of(conn, schema, run.id) == "running"
         # lease 2 s + grace 1 s, then the reaper (every 0.2 s) ends it
         await wait_for(lambda: is_terminal(conn, schema, run.id), timeout=15, what="the reaper")
@@ -842,7 +772,7 @@ async def test_a_rejected_ending_is_left_to_the_reaper(
     assert row["status"] == "failed" and row["error"]["type"] == "worker_lost"
     evs = await assert_journal_sound(conn, schema, run.id)
     assert sum(1 for _, t, _ in evs if t == "complete") == 1
-    assert d.stats["completed"] == 0
+    assert d.get_stats()["completed"] == 0
     assert any(f"finalize of run {run.id} rejected" in r.getMessage() for r in caplog.records)
 
 
@@ -889,10 +819,13 @@ async def test_finalize_timeout_must_leave_the_ending_time_to_land_before_the_re
     timing = {"lease": 2.0, "heartbeat": 0.2, "grace": 1.0}  # bound: 2 + 1 - 0.4 = 2.6
     with pytest.raises(runrow.ConfigurationError, match=r"finalize_timeout \(2.7s\) must be at most 2.6s"):
         runrow.Dispatcher("dbname=unused", agent, finalize_timeout=2.7, **timing)
-    assert runrow.Dispatcher("dbname=unused", agent, finalize_timeout=2.6, **timing).finalize_timeout == 2.6
+    assert (
+        runrow.Dispatcher("dbname=unused", agent, finalize_timeout=2.6, **timing).settings.finalize_timeout
+        == 2.6
+    )
     # Unset, it is 10 s, or the bound if that is shorter.
-    assert runrow.Dispatcher("dbname=unused", agent, **timing).finalize_timeout == pytest.approx(2.6)
-    assert runrow.Dispatcher("dbname=unused", agent).finalize_timeout == 10.0
+    assert runrow.Dispatcher("dbname=unused", agent, **timing).settings.finalize_timeout == pytest.approx(2.6)
+    assert runrow.Dispatcher("dbname=unused", agent).settings.finalize_timeout == 10.0
 
 
 async def test_dispatcher_refuses_an_unmigrated_schema(dsn: str) -> None:
@@ -998,21 +931,21 @@ async def test_an_item_the_journal_writer_cannot_encode_fails_alone_not_its_batc
             dsn, schema=schema, conversation_id="cb", user_id="u", content=2, tenant_id="B"
         )
         await wait_for(lambda: {a.id, b.id} <= set(d.in_flight), what="both runs in flight")
-        ja, jb = d._active[a.id].journal, d._active[b.id].journal
+        ja, jb = d._parts.roster.runs[a.id].journal, d._parts.roster.runs[b.id].journal
         assert ja is not None and jb is not None
         answers: dict[str, tuple[object, BaseException | None]] = {}
-        batches = d._appender.batches
+        batches = d._parts.appender.writer.batches
         # Handed over with no await in between: the writer takes them as one batch.
-        d._appender.hand_over(
-            (a.id, ja.claim_token, [(ja.next_seq, "bad\ud800", "{}")]),
+        d._parts.appender.writer.hand_over(
+            Appended(a.id, ja.claim_token, [(ja.next_seq, "bad\ud800", "{}")]),
             lambda r, e: answers.__setitem__("a", (r, e)),
         )
-        d._appender.hand_over(
-            (b.id, jb.claim_token, [(jb.next_seq, "fine", '{"v":1}')]),
+        d._parts.appender.writer.hand_over(
+            Appended(b.id, jb.claim_token, [(jb.next_seq, "fine", '{"v":1}')]),
             lambda r, e: answers.__setitem__("b", (r, e)),
         )
         await wait_for(lambda: len(answers) == 2, what="both items answered")
-        assert d._appender.batches == batches + 1  # they did share one batch
+        assert d._parts.appender.writer.batches == batches + 1  # they did share one batch
         assert answers["b"] == (True, None), answers
         assert answers["a"][0] is None and isinstance(answers["a"][1], UnicodeEncodeError), answers
         jb.next_seq += 1  # the row fed directly is B's now
@@ -1074,7 +1007,7 @@ async def test_an_agent_raising_cancelled_error_itself_fails_its_run_at_once(
         run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
         nxt = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="next")
         await wait_for(lambda: is_terminal(conn, schema, nxt.id), timeout=8, what="both turns to end")
-        assert d.stats["failed"] == 1 and d.stats["completed"] == 1
+        assert d.get_stats()["failed"] == 1 and d.get_stats()["completed"] == 1
     row = await run_row(conn, schema, run.id)
     assert row["status"] == "failed" and row["error"]["type"] == "agent_cancelled", row["error"]
     evs = await assert_journal_sound(conn, schema, run.id)

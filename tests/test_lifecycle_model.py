@@ -31,7 +31,7 @@ from hypothesis.stateful import (
 from psycopg import sql
 
 import runrow
-from runrow._engine.dispatcher import reap_expired
+from runrow._engine.reaper import reap_expired
 
 from . import manual
 

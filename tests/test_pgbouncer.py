@@ -230,8 +230,8 @@ async def test_everything_works_through_transaction_pooling(
         assert anyio.current_time() - t0 < 2.0  # the hint, not the heartbeat or the poll
 
         # The counters move when the finalize call returns, a moment after the row commits.
-        await wait_for(lambda: d.stats["cancelled"] == 1, what="the dispatcher to count the stop")
-        assert d.stats["completed"] == 12 and d.stats["lost"] == 0
+        await wait_for(lambda: d.get_stats()["cancelled"] == 1, what="the dispatcher to count the stop")
+        assert d.get_stats()["completed"] == 12 and d.get_stats()["lost"] == 0
         assert hub.connected and hub.reconnects == 0
 
     stats = await runrow.queue_stats(pooled, schema=schema)

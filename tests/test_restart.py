@@ -110,4 +110,4 @@ async def test_a_full_server_restart_under_fifty_tails_and_a_dispatcher(
             server.cleanup = keep
 
         d = await _run_fifty_through(dsn, hub, restart)
-        assert d.stats["completed"] == 51 and d.stats["lost"] == 0
+        assert d.get_stats()["completed"] == 51 and d.get_stats()["lost"] == 0

@@ -252,7 +252,9 @@ async def test_a_stop_that_lands_during_a_drain_still_ends_the_run_cancelled(
             try:
                 await runrow.stop_conversation(dsn, "c", schema=schema)  # the user presses Stop
                 await wait_for(
-                    lambda: d._active[run.id].reason == "cancel", timeout=5, what="the stop to be seen"
+                    lambda: d._parts.roster.runs[run.id].reason == "cancel",
+                    timeout=5,
+                    what="the stop to be seen",
                 )
             finally:
                 gate.set()
@@ -261,19 +263,26 @@ async def test_a_stop_that_lands_during_a_drain_still_ends_the_run_cancelled(
     assert evs[-1][2] == {"status": "cancelled", "reason": "stopped"}
 
 
-class _StopRightAfterTheClaim(runrow.Dispatcher):
-    """A real dispatcher whose claim, once it has committed and before the claimed runs
-    are registered, lets the test commit a real stop and wait until the stop's NOTIFY
-    has been handled by the dispatcher's cancel watcher: the race, made deterministic."""
+def _stop_right_after_the_claim(
+    d: runrow.Dispatcher, race: Callable[[list[Any]], Awaitable[None]]
+) -> list[bool]:
+    """Makes a running dispatcher's next claim that takes runs, once it has committed and
+    before the claimed runs are registered, let the test commit a real stop and wait
+    until the stop's NOTIFY has been handled by the cancel watcher: the race, made
+    deterministic. The returned flag is set once the race ran."""
+    claimer = d._parts.claimer
+    plain = claimer._claim
+    ran = [False]
 
-    race: Callable[[list[dict[str, Any]]], Awaitable[None]] | None = None
-
-    async def _claim(self, limit: int) -> list[dict[str, Any]]:
-        rows = await super()._claim(limit)
-        if rows and self.race is not None:
-            race, self.race = self.race, None
+    async def claim(limit: int) -> list[Any]:
+        rows = await plain(limit)
+        if rows and not ran[0]:
+            ran[0] = True
             await race(rows)
         return rows
+
+    claimer._claim = claim  # type: ignore[method-assign]
+    return ran
 
 
 async def test_a_stop_committed_between_claim_and_registration_is_not_lost(
@@ -291,17 +300,17 @@ async def test_a_stop_committed_between_claim_and_registration_is_not_lost(
         finally:
             cancelled_at.append(anyio.current_time())
 
-    d = _StopRightAfterTheClaim(dsn, agent, schema=schema, **SLOW_HEARTBEAT)
+    d = runrow.Dispatcher(dsn, agent, schema=schema, **SLOW_HEARTBEAT)
     async with d:
         hub = d.hub
         assert hub is not None
-        channel = d.channels.cancel
+        channel = d.settings.channels.cancel
         async with hub.subscribe(channel) as mine:
             await wait_for(lambda: hub.connected, what="the hub")
             assert await mine.receive() == RECONNECTED
 
-            async def race(rows: list[dict[str, Any]]) -> None:
-                run_id = rows[0]["id"]
+            async def race(rows: list[Any]) -> None:
+                run_id = rows[0].id
                 assert run_id not in d.in_flight  # claimed, committed, not yet registered
                 result = await runrow.cancel_run(dsn, run_id, schema=schema)
                 assert result.cancel_requested == [run_id]
@@ -319,11 +328,11 @@ async def test_a_stop_committed_between_claim_and_registration_is_not_lost(
                     what="the watcher to handle the stop's NOTIFY",
                 )
 
-            d.race = race
+            ran = _stop_right_after_the_claim(d, race)
             run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
             asked = anyio.current_time()
             await wait_for(lambda: is_terminal(conn, schema, run.id), timeout=5, what="the stop to end it")
-    assert d.race is None  # the race did run
+    assert ran[0]  # the race did run
     assert await status_of(conn, schema, run.id) == "cancelled"
     assert not started.is_set() or cancelled_at[0] - asked < 5
     evs = await assert_journal_sound(conn, schema, run.id)
@@ -348,7 +357,7 @@ async def test_a_run_claimed_with_its_cancel_flag_set_is_cancelled_without_runni
     )
     async with runrow.Dispatcher(dsn, agent, schema=schema, **SLOW_HEARTBEAT) as d:
         await wait_for(lambda: is_terminal(conn, schema, run.id), timeout=5, what="the run to be cancelled")
-        assert d.stats["claimed"] == 1
+        assert d.get_stats()["claimed"] == 1
     assert ran == []
     assert await status_of(conn, schema, run.id) == "cancelled"
     evs = await assert_journal_sound(conn, schema, run.id)

@@ -187,7 +187,7 @@ async def drain_window(conninfo: str, schema: str, warmup: int, window: int, cap
     ) as d:
 
         def done() -> int:
-            return d.stats["completed"] + d.stats["failed"]
+            return d.get_stats()["completed"] + d.get_stats()["failed"]
 
         # Bounded by cap too: on a slow plan even the warm-up may take a while.
         with anyio.move_on_after(cap):
@@ -196,8 +196,8 @@ async def drain_window(conninfo: str, schema: str, warmup: int, window: int, cap
         with anyio.move_on_after(cap):
             await poll_until(lambda: done() >= c0 + window, timeout=cap + 1, step=0.005)
         c1, t1 = done(), time.monotonic()
-        if d.stats["failed"]:
-            raise RuntimeError(f"{d.stats['failed']} runs failed in the backlog drain")
+        if d.get_stats()["failed"]:
+            raise RuntimeError(f"{d.get_stats()['failed']} runs failed in the backlog drain")
     window_claims = claims.ms[k0:] or claims.ms or [float("nan")]
     per_claim = (c1 - c0) / max(1, len(claims.ms) - k0)
     return Drain(

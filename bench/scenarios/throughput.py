@@ -153,12 +153,12 @@ async def drain_runrow(
             await run.emit({"type": "tool_call", "name": "noop"})
 
     async with runrow.Dispatcher(b.conninfo, agent, schema=schema, concurrency=concurrency, poll=1.0) as d:
-        await poll_until(lambda: d.stats["completed"] + d.stats["failed"] >= n, timeout=300)
+        await poll_until(lambda: d.get_stats()["completed"] + d.get_stats()["failed"] >= n, timeout=300)
         t_end = time.monotonic()
         if profiler is not None:
             profiler.stop()
-        if d.stats["failed"]:
-            raise RuntimeError(f"{d.stats['failed']} runs failed in the throughput benchmark")
+        if d.get_stats()["failed"]:
+            raise RuntimeError(f"{d.get_stats()['failed']} runs failed in the throughput benchmark")
     return n / (t_end - t_first[0])
 
 

@@ -19,7 +19,7 @@ __all__ = ["configure_own", "execute", "jit_off_session"]
 from ._errors import InvalidInput, SchemaOutOfDate
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable
+    from collections.abc import AsyncIterator, Awaitable, Callable
 
 
 Database: TypeAlias = str | AsyncConnectionPool[AsyncConnection] | AsyncConnection
@@ -131,7 +131,7 @@ class HeldConnection:
         self._pool = pool
         self._min_pool = min_pool
         self._conn: AsyncConnection | None = None
-        self._undo: bytes | None = None
+        self._undo: Callable[[AsyncConnection], Awaitable[None]] | None = None
 
     def keeps(self, conn: AsyncConnection) -> bool:
         """Whether ``conn`` is the connection kept here (not one taken for one statement)."""
@@ -143,9 +143,9 @@ class HeldConnection:
         the same one out again)."""
         return conn is self._conn and self._undo is not None
 
-    def session_changed(self, undo: bytes) -> None:
+    def session_changed(self, undo: Callable[[AsyncConnection], Awaitable[None]]) -> None:
         """The kept connection's session now carries a setting of the loop's own. When
-        the connection is given back, ``undo`` (a statement) takes it off first; if that
+        the connection is given back, ``undo(conn)`` takes it off first; if that
         fails, the connection is closed instead of handed to the pool's other users."""
         self._undo = undo
 
@@ -177,13 +177,13 @@ class HeldConnection:
             await self._pool().putconn(conn)
 
 
-async def _undone(conn: AsyncConnection, undo: bytes) -> bool:
+async def _undone(conn: AsyncConnection, undo: Callable[[AsyncConnection], Awaitable[None]]) -> bool:
     """Runs ``undo`` on an idle connection, within a short bound; False if it did not."""
     if conn.closed or conn.info.transaction_status != TransactionStatus.IDLE:
         return False
     try:
         with anyio.fail_after(_UNDO_SECONDS):
-            await conn.execute(undo)
+            await undo(conn)
     except Exception:  # broken, refused or too slow: the caller closes the connection
         return False
     return True

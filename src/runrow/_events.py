@@ -41,11 +41,31 @@ from typing import Any
 from . import _json
 from ._errors import InvalidInput
 
-__all__ = ["CONTENT_DELTA", "KEEPALIVE", "TERMINAL_EVENT", "Event", "validate_event"]
+__all__ = [
+    "CONTENT_DELTA",
+    "ENDING_REASONS",
+    "KEEPALIVE",
+    "RUN_QUEUED",
+    "TERMINAL_EVENT",
+    "TOOL_CALL_FINISHED",
+    "TOOL_CALL_STARTED",
+    "USER_MESSAGE_CREATED",
+    "Event",
+    "validate_event",
+]
 
+# The names above, as code uses them. The SQL that writes or reads events (enqueue and
+# retry, finalize, ending_landed, reap, cancel_queued) spells them as literals and
+# points here; tests/test_layout.py checks the two agree.
+USER_MESSAGE_CREATED = "user_message_created"
+RUN_QUEUED = "run_queued"
 CONTENT_DELTA = "content_delta"
+TOOL_CALL_STARTED = "tool_call_started"
+TOOL_CALL_FINISHED = "tool_call_finished"
 TERMINAL_EVENT = "complete"
-KEEPALIVE = "keepalive"
+KEEPALIVE = "keepalive"  # never stored: a tail's idle marker
+ENDING_REASONS = ("stopped", "stopped_before_start", "deadline_exceeded", "worker_lost")
+"""The terminal event's ``reason`` values (see the list above)."""
 DEFAULT_MAX_EVENT_BYTES = 256 * 1024
 MAX_EVENT_TYPE_LENGTH = 64
 # An event type is an identifier: an ASCII letter, then ASCII letters, digits, "_", ".",

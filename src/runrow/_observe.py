@@ -9,12 +9,17 @@ spans.
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
     from ._engine.context import RunContext
 
-__all__ = ["Observer"]
+__all__ = ["Observer", "Observers"]
+
+log = logging.getLogger("runrow.dispatcher")
 
 
 class Observer:
@@ -50,3 +55,38 @@ class Observer:
 
     def reaped(self, *, count: int) -> None:
         """This dispatcher's reaper ended ``count`` runs whose worker was lost."""
+
+
+class Observers:
+    """The dispatcher's observers, called so that none can break a run (internal)."""
+
+    __slots__ = ("_list", "_worker_id")
+
+    def __init__(self, observers: Sequence[Observer], worker_id: str) -> None:
+        self._list = list(observers)
+        self._worker_id = worker_id
+
+    def __bool__(self) -> bool:
+        return bool(self._list)
+
+    def __call__(self, hook: Callable[[Observer], object]) -> None:
+        """Calls ``hook`` on each observer; one that raises is logged and skipped."""
+        for obs in self._list:
+            try:
+                hook(obs)
+            except Exception:  # an observer must never break a run
+                log.exception("observer %r failed", obs, extra={"worker_id": self._worker_id})
+
+    def scopes(self, run: RunContext) -> contextlib.AbstractContextManager[object]:
+        """The observers' scopes around one agent call, entered; none without observers
+        (an ExitStack's exit costs measurably per run)."""
+        if not self._list:
+            return contextlib.nullcontext()
+        scopes = contextlib.ExitStack()
+        try:
+            for obs in self._list:
+                scopes.enter_context(obs.run_scope(run))
+        except BaseException:
+            scopes.close()
+            raise
+        return scopes

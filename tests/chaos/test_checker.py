@@ -18,7 +18,7 @@ import pytest
 from psycopg import sql
 
 import runrow
-from runrow._engine.dispatcher import reap_expired
+from runrow._engine.reaper import reap_expired
 from tests.chaos.checker import INVARIANTS, CheckResult, Transcript, check
 from tests.chaos.schema import ident, install, record_side_effect, stop_and_log
 

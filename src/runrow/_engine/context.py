@@ -13,21 +13,45 @@ from .. import _json, _sql
 from .._db import describe, execute, statement_conn
 from .._errors import InvalidInput, LeaseLost
 from .._events import CONTENT_DELTA
+from .._gateway import messages
 from .._models import Message
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Mapping
     from datetime import datetime
 
-    from .._engine.journal_writer import JournalWriter
-    from .dispatcher import Dispatcher
+    from psycopg import AsyncConnection
+    from psycopg_pool import AsyncConnectionPool
 
-__all__ = ["Agent", "RunContext"]
+    from .._engine.journal_writer import JournalWriter
+    from .._gateway.claims import ClaimedRun
+    from .settings import Settings
+
+__all__ = ["Agent", "RunContext", "RunHost"]
 
 log = logging.getLogger("runrow.run")
 
 # Failures that leave a write's outcome unknown: read it back before retrying.
 _TRANSIENT = (psycopg.OperationalError, psycopg.InterfaceError, TimeoutError)
+
+
+class RunHost(Protocol):
+    """What a RunContext needs of the engine that runs it (a narrow handle, not the Dispatcher)."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    def pool(self) -> AsyncConnectionPool[AsyncConnection]:
+        """The dispatcher's pool."""
+        ...
+
+    def lost(self, run_id: uuid.UUID) -> None:
+        """The run's claim is no longer this worker's: stop its agent."""
+        ...
+
+    def db_trouble(self) -> None:
+        """A statement failed for want of a connection: have the pool checked."""
+        ...
 
 
 class RunContext:
@@ -39,21 +63,21 @@ class RunContext:
     cancellation at the agent's next ``await``; ``cancel_requested`` tells why.
     """
 
-    def __init__(self, dispatcher: Dispatcher, row: Mapping[str, Any], journal: JournalWriter) -> None:
-        self._dispatcher = dispatcher
+    def __init__(self, host: RunHost, row: ClaimedRun, journal: JournalWriter) -> None:
+        self._host = host
         self._journal = journal
-        self.run_id: uuid.UUID = row["id"]
-        self.conversation_id: str = row["conversation_id"]
-        self.user_id: str = row["user_id"]
-        self.tenant_id: str | None = row["tenant_id"]
-        self.request: Any = row["request"]
+        self.run_id: uuid.UUID = row.id
+        self.conversation_id: str = row.conversation_id
+        self.user_id: str = row.user_id
+        self.tenant_id: str | None = row.tenant_id
+        self.request: Any = row.request
         """The request snapshot given to ``enqueue`` (None once trimmed)."""
-        self.content: Any = row["content"]
+        self.content: Any = row.content
         """The user message this turn answers."""
-        self.user_message_id: uuid.UUID = row["user_message_id"]
-        self.started_at: datetime = row["started_at"]
-        self.worker_id: str = dispatcher.worker_id
-        self._claim_token: uuid.UUID = row["claim_token"]
+        self.user_message_id: uuid.UUID = row.user_message_id
+        self.started_at: datetime = row.started_at
+        self.worker_id: str = host.settings.worker_id
+        self._claim_token: uuid.UUID = row.claim_token
         self.cancel_requested = False
         """True once a stop was requested for this run (the agent is being cancelled)."""
 
@@ -96,7 +120,7 @@ class RunContext:
         """
         if role not in ("assistant", "tool", "system"):
             raise InvalidInput("role", "must be 'assistant', 'tool' or 'system'")
-        body = _json.dumps(content, "content", self._dispatcher.max_event_bytes)
+        body = _json.dumps(content, "content", self._host.settings.max_event_bytes)
         await self._journal.flush()
         message_id = uuid.uuid4()
         mark = self._journal.answer_mark()
@@ -115,7 +139,7 @@ class RunContext:
             if landed:
                 self._journal.answer_taken(mark)
         if not landed:
-            self._dispatcher._lost(self.run_id)
+            self._host.lost(self.run_id)
             raise LeaseLost(self.run_id)
         return message_id
 
@@ -123,8 +147,8 @@ class RunContext:
         """The fenced write; after a failure without an answer (a cut connection, a
         database restart), reads back whether the message landed and retries only if
         it did not. False: the claim is no longer this worker's."""
-        schema = self._dispatcher.schema
-        budget = self._dispatcher.lease / 2
+        schema = self._host.settings.schema
+        budget = self._host.settings.lease / 2
         deadline = anyio.current_time() + budget
         delay = 0.05
         attempt = 0
@@ -132,10 +156,9 @@ class RunContext:
             attempt += 1
             try:
                 with anyio.fail_after(max(deadline - anyio.current_time(), delay)):
-                    async with statement_conn(self._dispatcher.pool) as conn:
-                        cur = await execute(conn, _sql.statement("write_message", schema), params)
-                        row = await cur.fetchone()
-                if row is not None:
+                    async with statement_conn(self._host.pool()) as conn:
+                        written = await messages.write(conn, schema, **params)
+                if written:
                     return True
                 if attempt == 1:
                     return False  # the fence matched nothing (a fresh id cannot conflict)
@@ -144,7 +167,7 @@ class RunContext:
             except _TRANSIENT as exc:
                 if anyio.current_time() + delay > deadline:
                     raise
-                self._dispatcher._db_trouble()
+                self._host.db_trouble()
                 log.info(
                     "transcript write of run %s failed (%s); checking whether it landed",
                     self.run_id,
@@ -156,11 +179,15 @@ class RunContext:
                 delay = min(delay * 2, 1.0)
                 try:
                     with anyio.fail_after(max(deadline - anyio.current_time(), delay)):
-                        async with statement_conn(self._dispatcher.pool) as conn:
-                            cur = await execute(conn, _sql.statement("message_landed", schema), params)
-                            got = await cur.fetchone()
-                    assert got is not None
-                    landed, owned = bool(got[0]), bool(got[1])
+                        async with statement_conn(self._host.pool()) as conn:
+                            got = await messages.landed(
+                                conn,
+                                schema,
+                                message_id=params["message_id"],
+                                run_id=self.run_id,
+                                claim_token=self._claim_token,
+                            )
+                    landed, owned = got.landed, got.owned
                     break
                 except _TRANSIENT:
                     if anyio.current_time() + delay > deadline:
@@ -177,10 +204,10 @@ class RunContext:
         written; turns enqueued after this one are not included (they are not this
         run's to answer). A retry reads the conversation as of the turn it retries.
         """
-        async with statement_conn(self._dispatcher.pool) as conn:
+        async with statement_conn(self._host.pool()) as conn:
             cur = await execute(
                 conn,
-                _sql.statement("transcript", self._dispatcher.schema),
+                _sql.statement("transcript", self._host.settings.schema),
                 {"conversation_id": self.conversation_id, "run_id": self.run_id},
             )
             return [Message(*r) for r in await cur.fetchall()]

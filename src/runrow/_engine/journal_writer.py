@@ -4,28 +4,33 @@ from __future__ import annotations
 
 import json
 import logging
-import uuid
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import psycopg
 
 from .. import _aio, _json
-from .._db import describe
+from .._db import HeldConnection, describe, statement_conn
 from .._errors import InvalidInput, LeaseLost
 from .._events import CONTENT_DELTA, TERMINAL_EVENT, validate_event
+from .._gateway import journal as _journal
+from .._gateway.journal import Appended
+from .groupcommit import GroupCommit
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Mapping
+    import uuid
+    from collections.abc import Callable, Mapping
 
-    from .groupcommit import GroupCommit
+    from anyio.abc import TaskStatus
+    from psycopg import AsyncConnection
+    from psycopg_pool import AsyncConnectionPool
 
-__all__ = ["AppendItem", "JournalWriter"]
+    from .._gateway.journal import FlushState
+    from .settings import Settings
+
+__all__ = ["Appender", "JournalWriter"]
 
 log = logging.getLogger("runrow.journal")
-
-# (run_id, claim_token, [(seq, type, payload_json), ...])
-AppendItem = tuple[uuid.UUID, uuid.UUID, list[tuple[int, str, str]]]
 
 # Failures of a flush that mean "these rows were refused and not written".
 _REFUSED = (UnicodeError, psycopg.DataError)
@@ -45,12 +50,11 @@ class JournalWriter:
         run_id: uuid.UUID,
         claim_token: uuid.UUID,
         next_seq: int,
-        appender: GroupCommit[AppendItem, bool],
+        appender: Appender,
         *,
         flush_interval: float,
         max_event_bytes: int,
         on_lost: Callable[[], None],
-        resolve: Callable[[uuid.UUID, uuid.UUID, list[int]], Awaitable[tuple[int, bool]]] | None = None,
         retry_budget: float = 10.0,
     ) -> None:
         self.run_id = run_id
@@ -60,7 +64,6 @@ class JournalWriter:
         self._interval = flush_interval
         self._max_bytes = max_event_bytes
         self._on_lost = on_lost
-        self._resolve = resolve
         self.on_flush: Callable[[int], None] | None = None
         # Starts run_flusher as a task; called once, on the first merged delta, so a run
         # that streams nothing costs no flusher task (set by the owner).
@@ -184,9 +187,9 @@ class JournalWriter:
         deadline = anyio.current_time() + self._retry_budget
         while True:
             try:
-                return await self._appender.submit((self.run_id, self.claim_token, rows))
+                return await self._appender.submit(Appended(self.run_id, self.claim_token, rows))
             except (psycopg.OperationalError, psycopg.InterfaceError, TimeoutError) as exc:
-                if self._resolve is None or anyio.current_time() + delay > deadline:
+                if anyio.current_time() + delay > deadline:
                     raise
                 log.info(
                     "flush of run %s failed (%s); checking whether it landed",
@@ -198,7 +201,8 @@ class JournalWriter:
                 await anyio.sleep(delay)
                 delay = min(delay * 2, 1.0)
                 try:
-                    landed, owned = await self._resolve(self.run_id, self.claim_token, [r[0] for r in rows])
+                    found = await self._appender.landed(self.run_id, self.claim_token, [r[0] for r in rows])
+                    landed, owned = found.landed, found.owned
                     break
                 except (psycopg.OperationalError, psycopg.InterfaceError, TimeoutError):
                     if anyio.current_time() + delay > deadline:
@@ -241,3 +245,49 @@ class JournalWriter:
                         extra={"run_id": str(self.run_id)},
                     )
                     return
+
+
+class Appender:
+    """The journal's group-commit writer: the flushes of many runs in one fenced
+    statement (its loop is service ``appends``)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        pool: Callable[[], AsyncConnectionPool[AsyncConnection]],
+        db_trouble: Callable[[], None],
+    ) -> None:
+        self._settings = settings
+        self._channels = settings.channels
+        self._pool = pool
+        self._db_trouble = db_trouble
+        # Kept between batches: its prepared statement stays warm (see HeldConnection).
+        self.conn = HeldConnection(pool, min_pool=6)
+        self.writer: GroupCommit[Appended, bool] = GroupCommit(self._write_batch)
+
+    async def run(self, *, task_status: TaskStatus[None]) -> None:
+        """The group-commit loop."""
+        task_status.started()
+        await self.writer.run()
+
+    async def close(self) -> None:
+        """Gives the kept connection back (at shutdown)."""
+        await self.conn.release()
+
+    async def submit(self, item: Appended) -> bool:
+        """Writes one run's events with the next batch; False if the claim was lost."""
+        return await self.writer.submit(item)
+
+    async def landed(self, run_id: uuid.UUID, claim_token: uuid.UUID, seqs: list[int]) -> FlushState:
+        """After a flush of unknown outcome: how much of it landed, and whether the claim holds."""
+        self._db_trouble()
+        async with statement_conn(self._pool()) as conn:
+            return await _journal.flush_landed(conn, self._settings.schema, run_id, claim_token, seqs)
+
+    async def _write_batch(self, items: list[Appended]) -> list[bool]:
+        s = self._settings
+        async with self.conn.statement() as conn:
+            landed = await _journal.append(
+                conn, s.schema, items, channels=self._channels, notify=s.journal_notify
+            )
+        return [item.run_id in landed for item in items]

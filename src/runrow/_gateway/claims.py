@@ -53,7 +53,7 @@ async def claim(
     cur = conn.cursor(row_factory=class_row(ClaimedRun))
     await execute(
         conn,
-        _sql.statement("claim" if order == "fair" else "claim_fifo", schema),
+        _sql.statement("claim", schema) if order == "fair" else _sql.statement("claim_fifo", schema),
         {"limit": limit, "lease_seconds": lease_seconds, "worker_id": worker_id, "now": now},
         cursor=cur,
     )

@@ -1,0 +1,329 @@
+"""The ending writer: every run's terminal write, group-committed, fenced and bounded.
+
+A run's task hands its ending over and goes; the writer batches the endings of many
+runs into one ``finalize`` statement and calls each run back once it is answered
+(landed, or failed for good, or at the latest ``finalize_timeout`` after the hand-over,
+by a timer: a loop timer per ending, not a task, since nearly every ending is answered
+long before it fires). A transient failure is retried by a per-run task (three attempts
+in all, within the same budget); a retry after an ambiguous failure is safe: if the
+first attempt committed, the fence makes the retry match nothing, and the writer then
+reads back whether the ending recorded is its own (counted, not lost) or another's.
+
+Every batch runs under a server-side bound that ends the statement before the first of
+its endings' budgets does: an ending given up is then dead on the server, never left
+waiting (on a row lock, say) to commit later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import psycopg
+
+from .. import _json
+from .._db import HeldConnection, describe, statement_conn
+from .._errors import LeaseLost
+from .._gateway import endings as _endings
+from .._gateway._exec import jit_off_session
+from .groupcommit import GroupCommit, WriterStopped
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from psycopg import AsyncConnection
+    from psycopg_pool import AsyncConnectionPool
+
+    from .._aio import TaskSet
+    from .roster import ActiveRun, Roster
+    from .settings import Settings
+
+log = logging.getLogger("runrow.dispatcher")
+
+# Failures a finalize retries: the write may or may not have landed; the fence makes a
+# second attempt safe either way (and one that matches nothing reads back whose ending
+# was recorded).
+_TRANSIENT = (psycopg.OperationalError, OSError, TimeoutError)
+
+
+class _OutOfTime(Exception):
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"no attempt landed within finalize_timeout ({seconds}s)")
+
+
+class _Answer:
+    """A run's ending is answered once (landed or not), by whichever comes first: the
+    writer, a retry, or the budget timer; later answers are ignored. ``deadline`` is
+    when the budget ends (loop time); ``sent`` is true while an attempt is with the
+    server and not yet answered."""
+
+    __slots__ = ("answered", "deadline", "done", "sent", "timer")
+
+    def __init__(self, done: Callable[[bool], None], deadline: float) -> None:
+        self.done = done
+        self.deadline = deadline
+        self.answered = False
+        self.sent = False
+        self.timer: asyncio.TimerHandle | None = None
+
+    def __call__(self, landed: bool) -> None:
+        if not self.answered:
+            self.answered = True
+            if self.timer is not None:
+                self.timer.cancel()
+            self.done(landed)
+
+
+class _Handed:
+    """An ending with the writer, and who to answer."""
+
+    __slots__ = ("answer", "ending")
+
+    def __init__(self, ending: _endings.Ending, answer: _Answer) -> None:
+        self.ending = ending
+        self.answer = answer
+
+
+class EndingWriter:
+    """Writes runs' endings (its group-commit loop is service ``endings``)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        roster: Roster,
+        pool: Callable[[], AsyncConnectionPool[AsyncConnection]],
+        stats: dict[str, int],
+        tasks: TaskSet,
+        db_trouble: Callable[[], None],
+    ) -> None:
+        self._settings = settings
+        self._channels = settings.channels
+        self._roster = roster
+        self._pool = pool
+        self._stats = stats
+        self._tasks = tasks
+        self._db_trouble = db_trouble
+        self._extra = {"worker_id": settings.worker_id}
+        # Kept between batches (see HeldConnection); its session may carry the bound.
+        self.conn = HeldConnection(pool, min_pool=4)
+        # Bounded by finalize_timeout: no run's task waits on its write (see hand_over).
+        self._writer: GroupCommit[_Handed, bool | None] = GroupCommit(
+            self._write_batch, timeout=settings.finalize_timeout
+        )
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        """The group-commit loop."""
+        task_status.started()
+        await self._writer.run()
+
+    async def close(self) -> None:
+        """Gives the kept connection back (at shutdown)."""
+        await self.conn.release()
+
+    def hand_over(
+        self, active: ActiveRun, status: str, error: dict[str, Any] | None, done: Callable[[bool], None]
+    ) -> None:
+        """Hands the run's fenced terminal write over; ``done(landed)`` is called exactly
+        once: when it has landed, or failed for good, or at the latest ``finalize_timeout``
+        after the hand-over (a write still in flight then may yet land; the run is counted
+        unrecorded, as the reaper would find it). The run's task does not wait for it:
+        the writer calls back when the batch ends, so a run costs no wake-up after its write."""
+        active.finishing = True
+        journal = active.journal
+        assert journal is not None
+        terminal: dict[str, Any] = {"status": status}
+        if error is not None:
+            terminal["error"] = error
+        if active.reason == "cancel":
+            terminal["reason"] = "stopped"
+        elif active.reason == "deadline" and status == "failed":
+            terminal["reason"] = "deadline_exceeded"
+        if journal.broken is not None and not isinstance(journal.broken, LeaseLost):
+            # A flush of unknown outcome: our seq numbering cannot be trusted. Let the
+            # reaper (max(seq)+1) record the ending.
+            self._roster.unrecorded.add(active.id)
+            done(False)
+            return
+        budget = self._settings.finalize_timeout
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + budget
+        answer = _Answer(done, deadline)
+        handed = _Handed(
+            _endings.Ending(
+                run_id=active.id,
+                claim_token=active.token,
+                status=status,
+                error=None if error is None else _json.dumps(error, "error"),
+                partial=journal.answer_text,
+                events=journal.final_rows(terminal),
+            ),
+            answer,
+        )
+
+        def first_attempt(landed: bool | None, exc: BaseException | None) -> None:
+            if answer.answered:
+                return
+            if exc is None and landed is None:  # never sent: its budget had run out
+                self._failed(active, _OutOfTime(budget), 1, answer)
+            elif exc is None:
+                self._landed(bool(landed), answer)
+            elif isinstance(exc, _TRANSIENT) and not self._tasks.closed:
+                self._tasks.start(self._again(active, handed, exc, deadline))
+            else:  # rejected, or shutting down
+                self._failed(active, exc, 1, answer)
+
+        answer.timer = loop.call_at(deadline, self._failed, active, _OutOfTime(budget), 0, answer)
+        active.handed_over = True
+        self._writer.hand_over(handed, first_attempt)
+
+    def _landed(self, landed: bool, answer: _Answer) -> None:
+        if answer.answered:
+            return
+        if not landed:  # the fence matched nothing: someone else ended or took the run
+            self._stats["lost"] += 1
+        answer(landed)
+
+    def _failed(self, active: ActiveRun, exc: BaseException, attempt: int, answer: _Answer) -> None:
+        if answer.answered:
+            return
+        extra = {"run_id": str(active.id), **self._extra}
+        if answer.sent:
+            # The server has not answered the attempt in flight (a stalled network or
+            # server: the statement's own server-side bound would have ended it in
+            # time otherwise): it may yet commit. Say so, not "not recorded".
+            log.warning(
+                "finalize of run %s given up with an attempt unanswered: %s; it may yet land "
+                "(the run then ends as written; if not, the reaper ends it)",
+                active.id,
+                exc,
+                extra=extra,
+            )
+        elif isinstance(exc, _OutOfTime | WriterStopped):
+            log.warning("finalize of run %s given up: %s", active.id, exc, extra=extra)
+        elif isinstance(exc, _TRANSIENT):
+            self._attempt_failed(active, attempt, exc)
+        elif isinstance(exc, psycopg.Error):
+            log.warning("finalize of run %s rejected: %s", active.id, describe(exc), extra=extra)
+        else:
+            log.error("finalize of run %s: unexpected error", active.id, exc_info=exc, extra=extra)
+        self._roster.unrecorded.add(active.id)
+        answer(False)
+
+    def _attempt_failed(self, active: ActiveRun, attempt: int, exc: BaseException) -> None:
+        self._db_trouble()
+        log.warning(
+            "finalize of run %s failed (attempt %d): %s",
+            active.id,
+            attempt,
+            describe(exc),
+            extra={"run_id": str(active.id), **self._extra},
+        )
+
+    async def _again(self, active: ActiveRun, handed: _Handed, exc: BaseException, deadline: float) -> None:
+        """Attempts 2 and 3 of a finalize whose first attempt failed, within its budget."""
+        answer = handed.answer
+        budget = self._settings.finalize_timeout
+        attempt = 1
+        try:
+            with anyio.CancelScope(shield=True, deadline=deadline) as bound:
+                while isinstance(exc, _TRANSIENT) and attempt < 3:
+                    self._attempt_failed(active, attempt, exc)
+                    await anyio.sleep(0.2 * attempt)
+                    attempt += 1
+                    try:
+                        landed = await self._writer.submit(handed, caller_shielded=True)
+                        if landed is None:  # not sent: no budget left for a server-side bound
+                            exc = _OutOfTime(budget)
+                            break
+                        if not landed:
+                            # The fence matched nothing: maybe the failed attempt had
+                            # committed and only its answer was lost.
+                            landed = await self._read_back(handed.ending)
+                            if landed:
+                                log.info(
+                                    "finalize of run %s: an earlier attempt had landed (its answer was lost)",
+                                    active.id,
+                                    extra={"run_id": str(active.id), **self._extra},
+                                )
+                    except Exception as again:
+                        exc = again
+                        continue
+                    self._landed(landed, answer)
+                    return
+            if bound.cancelled_caught:
+                exc = _OutOfTime(budget)
+            self._failed(active, exc, attempt, answer)
+        finally:
+            if not answer.answered:  # the task was cancelled (shutdown past every budget)
+                self._failed(active, WriterStopped("the dispatcher shut down"), attempt, answer)
+
+    async def _read_back(self, ending: _endings.Ending) -> bool:
+        try:
+            async with statement_conn(self._pool()) as conn:
+                return await _endings.landed(conn, self._settings.schema, ending)
+        except Exception as exc:  # the caller counts it as a failed attempt
+            log.warning(
+                "finalize of run %s: reading back whether an earlier attempt landed failed: %s",
+                ending.run_id,
+                describe(exc),
+                extra={"run_id": str(ending.run_id), **self._extra},
+            )
+            raise
+
+    async def _write_batch(self, items: list[_Handed]) -> list[bool | None]:
+        """Writes the endings whose budget leaves room for it (None for the others: not
+        sent), under a server-side bound that ends the statement before the first of
+        their budgets does.
+
+        On the writer's own kept connection (runrow opened it: direct, JIT off for its
+        session) the bound is a session setting, ``session_budget``, set with the first
+        finalize it carries; an ending that leaves at least that much of its budget (the
+        usual case: sent as soon as it is handed over) then costs the finalize statement
+        alone. Any other batch (budgets partly spent, a retry, the host's pool, a
+        connection behind a transaction pooler) sets a tighter bound transaction-locally,
+        pipelined ahead of the finalize: same round trip, same implicit transaction (or
+        runrow's own), nothing left on the connection afterwards."""
+        s = self._settings
+        now = asyncio.get_running_loop().time()
+        margin = s.ending_margin
+        fits = [h.answer.deadline - now - margin >= 0.001 for h in items]
+        sent = [h for h, ok in zip(items, fits, strict=True) if ok]
+        if not sent:
+            return [None] * len(items)
+        # statement_timeout ends the statement, all its waits included; lock_timeout
+        # also bounds the commit's wait for the NOTIFY queue's lock.
+        left = min(h.answer.deadline for h in sent) - now - margin
+        endings = [h.ending for h in sent]
+        for h in sent:
+            h.answer.sent = True
+        try:
+            async with self.conn.statement() as conn:
+                held = self.conn
+                session = held.keeps(conn) and jit_off_session(conn) and left >= s.session_budget
+                if session and held.carries(conn):
+                    landed = await _endings.finalize(conn, s.schema, endings, channels=self._channels)
+                elif session:
+                    # The first ending on this kept connection: the session's bound goes
+                    # with it. Marked first: if this fails (the bound is then rolled back
+                    # with it), the connection is given back and the mark goes with it;
+                    # however this ends, the bound comes off before the connection serves
+                    # anything else.
+                    held.session_changed(lambda c: _endings.unset_session_bound(c, s.schema))
+                    landed = await _endings.finalize(
+                        conn,
+                        s.schema,
+                        endings,
+                        channels=self._channels,
+                        session_bound_ms=int(s.session_budget * 1000),
+                    )
+                else:
+                    # (ending_budget also turns JIT off for the finalize: no guard here.)
+                    landed = await _endings.finalize(
+                        conn, s.schema, endings, channels=self._channels, local_bound_ms=int(left * 1000)
+                    )
+        finally:
+            for h in sent:
+                h.answer.sent = False
+        return [(h.ending.run_id in landed) if ok else None for h, ok in zip(items, fits, strict=True)]

@@ -1,0 +1,276 @@
+"""The executor: runs the host's agent on one claimed run, then hands its ending over.
+
+Each run is one task. Its helpers (the journal's flush clock, its deadline) start only
+if it needs them and end before its ending is written. The agent's outcome decides the
+ending: returning is ``completed``; raising is ``failed`` with the error's type and
+message; runrow's own cancellation is ``cancelled`` (a stop), ``failed`` with
+``worker_shutdown`` (a drain) or ``deadline_exceeded``; a lost claim writes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from .. import _aio
+from .._errors import LeaseLost
+from .context import RunContext
+from .journal_writer import JournalWriter
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from .._aio import TaskSet
+    from .._gateway.claims import ClaimedRun
+    from .._observe import Observers
+    from .context import Agent, RunHost
+    from .ending import EndingWriter
+    from .journal_writer import Appender
+    from .roster import ActiveRun, Roster
+    from .settings import Settings
+
+log = logging.getLogger("runrow.dispatcher")
+
+DEADLINE_ERROR = {"type": "deadline_exceeded", "message": "the run was still running past its deadline"}
+_SHUTDOWN_ERROR = {"type": "worker_shutdown", "message": "the worker shut down before the run finished"}
+
+
+class _Helper:
+    """A task that serves one run (its flush clock, its deadline); ``stop()`` cancels it
+    and waits until it has ended, so nothing of the run is still writing when its
+    ending is written."""
+
+    __slots__ = ("done", "scope", "started")
+
+    def __init__(self) -> None:
+        self.scope = anyio.CancelScope()
+        self.done = anyio.Event()
+        self.started = False
+
+    async def run(self, fn: Callable[[], Awaitable[None]]) -> None:
+        self.started = True
+        try:
+            with self.scope:
+                await fn()
+        except Exception:  # a helper's failure must not end the run
+            log.exception("a run's helper task failed")
+        finally:
+            self.done.set()
+
+    async def stop(self) -> None:
+        self.scope.cancel()
+        # A task that never started (cancelled before its first step) runs nothing: its
+        # cancelled scope ends it at its first checkpoint, before any write.
+        if self.started:
+            await self.done.wait()
+
+
+class Executor:
+    """Starts and runs the runs the claimer took."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        roster: Roster,
+        agent: Agent,
+        observe: Observers,
+        endings: EndingWriter,
+        appender: Appender,
+        tasks: TaskSet,
+        host: RunHost,
+        stats: dict[str, int],
+    ) -> None:
+        self._settings = settings
+        self._roster = roster
+        self._agent = agent
+        self._observe = observe
+        self._endings = endings
+        self._appender = appender
+        self._tasks = tasks
+        self._host = host
+        self._stats = stats
+
+    def start(self, row: ClaimedRun) -> None:
+        """Runs the claimed ``row`` in a task of its own."""
+        self._tasks.start(self._execute(row))
+
+    async def _execute(self, row: ClaimedRun) -> None:
+        active = self._roster.runs[row.id]
+        try:
+            await self._run(active, row)
+        except Exception:
+            # A bug of runrow's must not take the worker and its other runs down with
+            # this one: the run stays claimed until its lease lapses and a reaper ends it.
+            self._roster.unrecorded.add(active.id)
+            log.exception(
+                "run %s: unexpected error; its ending is left to the reaper",
+                active.id,
+                extra={"run_id": str(active.id), "worker_id": self._settings.worker_id},
+            )
+        finally:
+            if not active.handed_over:
+                self._roster.release(active)
+
+    async def _run(self, active: ActiveRun, row: ClaimedRun) -> None:
+        s, roster = self._settings, self._roster
+        run_id = active.id
+        journal = JournalWriter(
+            run_id,
+            active.token,
+            int(row.last_seq) + 1,
+            self._appender,
+            flush_interval=s.flush_interval,
+            max_event_bytes=s.max_event_bytes,
+            on_lost=lambda: roster.lost(run_id),
+            retry_budget=s.lease / 2,
+        )
+        ctx = RunContext(self._host, row, journal)
+        ctx.cancel_requested = active.reason == "cancel"  # stopped between claim and here
+        active.journal, active.ctx = journal, ctx
+        extra = {"run_id": str(run_id), "conversation_id": ctx.conversation_id, "worker_id": s.worker_id}
+        log.info("run %s started", run_id, extra=extra)
+        started = _aio.now()
+        if self._observe:
+            wait = (row.started_at - row.created_at).total_seconds()
+            self._observe(lambda o: o.run_started(ctx, queue_wait=wait))
+            journal.on_flush = lambda n: self._flushed(ctx, journal, n, started)
+        status: str | None = None
+        error: dict[str, Any] | None = None
+        # The deadline, measured on the database's clock: both times come from the claim.
+        remaining = None if row.deadline_at is None else (row.deadline_at - row.started_at).total_seconds()
+        # The run's helpers (its flush clock, its deadline) are started only if it needs
+        # them, and ended before its ending is written: a run that needs neither costs
+        # no task and no cancellation.
+        helpers: list[_Helper] = []
+        journal.start_flusher = functools.partial(self._start_helper, helpers, journal.run_flusher)
+        if remaining is not None:
+            if remaining <= 0:
+                roster.cancel(active, "deadline")  # claimed too late: never call the agent
+            else:
+                self._start_helper(helpers, functools.partial(self._deadline_watch, active, remaining))
+        try:
+            with active.scope, self._observe.scopes(ctx):
+                try:
+                    if active.reason is None:  # not already stopped or past its deadline
+                        await self._agent(ctx)
+                        status = "completed"
+                except LeaseLost:
+                    roster.lost(run_id)
+                except Exception as exc:
+                    status = "failed"
+                    error = _failure(exc)
+                except asyncio.CancelledError as exc:
+                    # Only runrow's own cancellations (a stop, a drain, a lost claim, the
+                    # deadline: all through this run's scope) or the task's (shutdown)
+                    # end a run as cancelled. Any other CancelledError is the agent's own
+                    # (it awaited a future someone else cancelled): a failure like any
+                    # other, or the run would sit "running" until the reaper.
+                    if active.scope.cancel_called or _task_cancelling():
+                        raise
+                    status = "failed"
+                    error = _agent_cancelled(exc)
+                    log.warning(
+                        "run %s: the agent raised CancelledError that runrow did not ask for; "
+                        "failing the run (%s)",
+                        run_id,
+                        error["message"],
+                        extra=extra,
+                    )
+        finally:
+            journal.start_flusher = None
+            if helpers:
+                with anyio.CancelScope(shield=True):
+                    for helper in helpers:
+                        await helper.stop()
+        # The agent is done: its slot can take the next run while this one's ending is
+        # written (concurrency bounds agent calls; the finalize is one short statement).
+        roster.free_slot(active)
+        if active.scope.cancelled_caught or (status is None and active.reason is not None):
+            if active.reason == "cancel":
+                status, error = "cancelled", None
+            elif active.reason == "drain":
+                status, error = "failed", dict(_SHUTDOWN_ERROR)
+            elif active.reason == "deadline":
+                status, error = "failed", dict(DEADLINE_ERROR)
+        if active.reason == "lost" or status is None:
+            self._stats["lost"] += 1
+            log.warning("run %s: claim lost, standing down without writing", run_id, extra=extra)
+            self._observe(lambda o: o.claim_lost(ctx))
+            return
+        # The task ends here; the ending writer reports back.
+        self._endings.hand_over(
+            active, status, error, functools.partial(self._ended, active, status, started, extra)
+        )
+
+    def _ended(
+        self, active: ActiveRun, status: str, started: float, extra: dict[str, str], landed: bool
+    ) -> None:
+        """The run's ending landed (or failed for good): report it and let the run go.
+        Called from the ending writer's task (or a retry's), not the run's."""
+        try:
+            took = _aio.now() - started
+            ctx = active.ctx
+            assert ctx is not None
+            self._observe(lambda o: o.run_finished(ctx, status=status, seconds=took, recorded=landed))
+            if landed:
+                self._stats[status] += 1
+                log.info("run %s %s", active.id, status, extra={**extra, "status": status})
+            else:
+                log.warning(
+                    "run %s: ending %s not recorded (claim lost or database unreachable)",
+                    active.id,
+                    status,
+                    extra=extra,
+                )
+        finally:
+            self._roster.release(active)
+
+    def _start_helper(self, helpers: list[_Helper], fn: Callable[[], Awaitable[None]]) -> None:
+        helper = _Helper()
+        helpers.append(helper)
+        # (Shutting down past the drain, the task set is closed and the helper never
+        # starts: the run is being cut, and its ending writes any pending text.)
+        self._tasks.start(helper.run(fn))
+
+    async def _deadline_watch(self, active: ActiveRun, seconds: float) -> None:
+        await anyio.sleep(seconds)
+        if not active.finishing:
+            log.info("run %s passed its deadline; cancelling it", active.id, extra={"run_id": str(active.id)})
+            self._roster.cancel(active, "deadline")
+
+    def _flushed(self, ctx: RunContext, journal: JournalWriter, rows: int, started: float) -> None:
+        if journal.flushes == 1:
+            took = anyio.current_time() - started
+            self._observe(lambda o: o.first_event(ctx, seconds=took))
+        self._observe(lambda o: o.journal_flush(ctx, rows=rows))
+
+
+def _failure(exc: BaseException) -> dict[str, str]:
+    """The error recorded for an agent that raised ``exc``: its type and message, made
+    storable whatever the message holds (jsonb refuses NUL; UTF-8, lone surrogates)."""
+    try:
+        message = str(exc)[:2000]
+    except Exception:  # an exception whose __str__ itself fails
+        message = f"<{type(exc).__name__} with an unprintable message>"
+    message = message.replace("\x00", "\ufffd").encode("utf-8", "replace").decode("utf-8")
+    return {"type": type(exc).__name__, "message": message}
+
+
+def _task_cancelling() -> bool:
+    """Whether this task itself is being cancelled (``Task.cancel()``, e.g. at shutdown)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+def _agent_cancelled(exc: BaseException) -> dict[str, str]:
+    """The error recorded for an agent that raised a CancelledError runrow did not ask for."""
+    detail = _failure(exc)["message"]
+    return {
+        "type": "agent_cancelled",
+        "message": "the agent raised CancelledError without the run being cancelled "
+        "(did it await something another task cancelled?)" + (f": {detail}" if detail else ""),
+    }

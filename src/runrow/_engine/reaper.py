@@ -1,0 +1,142 @@
+"""The reaper: ends runs whose worker is gone.
+
+Every dispatcher runs one (and a pass at start). A run whose lease lapsed more than
+``grace`` seconds ago is ended ``failed`` (``worker_lost``), or ``cancelled`` if a stop
+was pending, with the expiry re-checked inside the write itself. Nothing is ever re-run
+automatically: runrow is at-most-once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import psycopg
+
+from .._db import describe, statement_conn
+from .._gateway import reaper as _reaper
+from .._names import DEFAULT_SCHEMA, Channels
+
+if TYPE_CHECKING:
+    import uuid
+    from collections.abc import Callable
+    from datetime import datetime
+
+    from anyio.abc import TaskStatus
+    from psycopg import AsyncConnection
+    from psycopg_pool import AsyncConnectionPool
+
+    from .._gateway.reaper import Reaped
+    from .._observe import Observers
+    from .roster import Roster
+    from .settings import Settings
+
+log = logging.getLogger("runrow.dispatcher")
+
+
+class Reaper:
+    """A dispatcher's reaper (service ``reaper``)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        roster: Roster,
+        pool: Callable[[], AsyncConnectionPool[AsyncConnection]],
+        stats: dict[str, int],
+        observe: Observers,
+    ) -> None:
+        self._settings = settings
+        self._roster = roster
+        self._pool = pool
+        self._stats = stats
+        self._observe = observe
+
+    async def run(self, *, task_status: TaskStatus[None]) -> None:
+        """A pass now, then one every ``reap_interval`` seconds."""
+        task_status.started()
+        s = self._settings
+        while True:
+            try:
+                with anyio.CancelScope(shield=True), anyio.fail_after(max(s.poll, 5.0)):
+                    await self.reap()
+            except (psycopg.Error, OSError, TimeoutError) as exc:
+                log.warning("reaper pass failed: %s", describe(exc), extra={"worker_id": s.worker_id})
+            await anyio.sleep(s.reap_interval)
+
+    async def reap(self, *, now: datetime | None = None, limit: int = 100) -> list[uuid.UUID]:
+        """One pass; returns the ids it ended."""
+        s = self._settings
+        return await reap_expired(
+            self._pool(),
+            schema=s.schema,
+            grace=s.grace,
+            now=now,
+            limit=limit,
+            on_reaped=self._counted,
+            reaper_id=s.worker_id,
+        )
+
+    def _counted(self, n: int) -> None:
+        self._stats["reaped"] += n
+        if n:
+            self._observe(lambda o: o.reaped(count=n))
+            self._roster.waker.set()  # a reaped run's conversation may have a next turn
+
+
+async def reap_expired(
+    db: AsyncConnectionPool[AsyncConnection] | AsyncConnection | str,
+    *,
+    schema: str = DEFAULT_SCHEMA,
+    grace: float = 30.0,
+    now: datetime | None = None,
+    limit: int = 100,
+    on_reaped: Callable[[int], Any] | None = None,
+    reaper_id: str | None = None,
+) -> list[uuid.UUID]:
+    """Ends runs whose lease lapsed more than ``grace`` seconds ago; returns their ids.
+    ``now`` moves the clock (tests); ``on_reaped(n)`` is told each batch's count."""
+    channels = Channels.for_schema(schema)
+    reaped: list[uuid.UUID] = []
+
+    async def reap(ids: list[uuid.UUID]) -> list[Reaped]:
+        async with statement_conn(db) as conn:
+            return await _reaper.reap(conn, schema, ids, grace_seconds=grace, channels=channels, now=now)
+
+    while True:
+        async with statement_conn(db) as conn:
+            ids = await _reaper.candidates(conn, schema, grace_seconds=grace, limit=limit, now=now)
+        if not ids:
+            break
+        try:
+            ended = await reap(ids)
+        except psycopg.errors.UniqueViolation:
+            # A dying worker's last append raced one run's terminal event (same seq). That
+            # run must not hold back the others: each goes again alone (a fresh snapshot
+            # sees the append, so the victim usually goes through too; if not, next pass).
+            ended = []
+            for one in ids if len(ids) > 1 else []:
+                with contextlib.suppress(psycopg.errors.UniqueViolation):
+                    ended.extend(await reap([one]))
+            if not ended:
+                break
+        for r in ended:
+            reaped.append(r.run_id)
+            log.warning(
+                "reaped run %s (worker %s lost): %s",
+                r.run_id,
+                r.worker_id,
+                r.status,
+                extra={
+                    "run_id": str(r.run_id),
+                    "conversation_id": r.conversation_id,
+                    "lost_worker_id": r.worker_id,
+                    "worker_id": reaper_id,
+                },
+            )
+        if on_reaped is not None:
+            on_reaped(len(ended))
+        if len(ids) < limit:
+            break
+    return reaped

@@ -1,0 +1,149 @@
+"""The dispatcher's settings: validated once, frozen afterwards."""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .. import _json
+from .._errors import ConfigurationError
+from .._names import Channels, check_schema
+
+if TYPE_CHECKING:
+    from .._gateway.claims import ClaimOrder
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Settings:
+    """What a :class:`~runrow.Dispatcher` was configured with (see its docstring for each)."""
+
+    schema: str
+    concurrency: int
+    lease: float
+    heartbeat: float
+    grace: float
+    poll: float
+    reap_interval: float
+    flush_interval: float
+    finalize_timeout: float
+    max_event_bytes: int
+    worker_id: str
+    claim_order: ClaimOrder
+    prepared_statements: bool
+    listen_conninfo: str | None
+    notifications: bool
+    journal_notify: bool = True
+    """False drops the journal's per-flush NOTIFY (tails then poll). Not a constructor
+    option: the benchmark that measures what the NOTIFY costs sets it."""
+
+    @classmethod
+    def validate(
+        cls,
+        *,
+        own_pool: bool,
+        schema: str,
+        concurrency: int,
+        lease: float,
+        heartbeat: float,
+        grace: float,
+        poll: float,
+        reap_interval: float | None,
+        flush_interval: float,
+        finalize_timeout: float | None,
+        max_event_bytes: int,
+        worker_id: str | None,
+        claim_order: ClaimOrder,
+        prepared_statements: bool,
+        listen_conninfo: str | None,
+        notifications: bool,
+    ) -> Settings:
+        """The settings, with defaults filled in, or :class:`ConfigurationError` naming
+        what is wrong. ``own_pool``: the dispatcher opens its pool from a conninfo."""
+        check_schema(schema)
+        if claim_order not in ("fair", "fifo"):
+            raise ConfigurationError(f"claim_order must be 'fair' or 'fifo', got {claim_order!r}")
+        if not isinstance(concurrency, int) or concurrency < 1:
+            raise ConfigurationError("concurrency must be a positive integer")
+        for name, value in (
+            ("lease", lease),
+            ("heartbeat", heartbeat),
+            ("grace", grace),
+            ("poll", poll),
+            ("reap_interval", reap_interval),
+            ("flush_interval", flush_interval),
+            ("finalize_timeout", finalize_timeout),
+        ):
+            # (inf would pass "> 0" and then never fire: a lease=inf claim never expires
+            # and the claim loop's bound never ends a hung claim; nan compares false.)
+            if value is not None and not (
+                isinstance(value, int | float) and math.isfinite(value) and value > 0
+            ):
+                raise ConfigurationError(f"{name} must be a finite number of seconds above 0, got {value!r}")
+        if heartbeat > lease / 2:
+            raise ConfigurationError(
+                f"heartbeat ({heartbeat}s) must be at most half the lease ({lease}s), so one "
+                "late heartbeat does not cost the claim"
+            )
+        # The lease is not rolled once a run's ending is handed over (the heartbeat skips
+        # finishing runs), and was last rolled up to 2 x heartbeat before (one heartbeat
+        # apart, plus up to one heartbeat that the previous beat may take before it gives
+        # up). So the reaper may take the run lease + grace - 2 x heartbeat after the
+        # hand-over; the ending must be given up, and dead on the server, by then.
+        ending_bound = lease + grace - 2 * heartbeat
+        if finalize_timeout is None:
+            finalize_timeout = min(10.0, ending_bound)
+        elif finalize_timeout > ending_bound:
+            raise ConfigurationError(
+                f"finalize_timeout ({finalize_timeout}s) must be at most {ending_bound:g}s "
+                f"(lease + grace - 2 x heartbeat), so a live worker's ending is given up "
+                "before the reaper could take its run"
+            )
+        if not prepared_statements and not own_pool:
+            # The flag shapes only the pool the dispatcher opens; a caller's pool prepares
+            # as its owner configured it (prepare_threshold), and changing a shared pool's
+            # connections behind its owner's back is not ours to do.
+            raise ConfigurationError(
+                "prepared_statements=False applies only to the pool the dispatcher opens from a "
+                "conninfo string; build your pool with kwargs={'prepare_threshold': None} instead"
+            )
+        if worker_id is not None:
+            _json.check_id(worker_id, "worker_id")
+        return cls(
+            schema=schema,
+            concurrency=concurrency,
+            lease=lease,
+            heartbeat=heartbeat,
+            grace=grace,
+            poll=poll,
+            reap_interval=reap_interval if reap_interval is not None else poll,
+            flush_interval=flush_interval,
+            finalize_timeout=finalize_timeout,
+            max_event_bytes=max_event_bytes,
+            worker_id=worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}",
+            claim_order=claim_order,
+            prepared_statements=prepared_statements,
+            listen_conninfo=listen_conninfo,
+            notifications=notifications,
+        )
+
+    @property
+    def channels(self) -> Channels:
+        """The schema's NOTIFY channels."""
+        return Channels.for_schema(self.schema)
+
+    @property
+    def ending_margin(self) -> float:
+        """How much sooner than an ending's budget the server must end its statement, so
+        that the server's answer (the error) reaches the worker before it gives up."""
+        return min(1.0, 0.1 * self.finalize_timeout)
+
+    @property
+    def session_budget(self) -> float:
+        """The bound the ending writer's kept connection carries for its session: an
+        ending handed over and sent within one more margin, as on the hot path, leaves
+        at least this much of its budget, and goes out alone."""
+        return self.finalize_timeout - 2 * self.ending_margin

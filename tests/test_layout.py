@@ -1,0 +1,161 @@
+"""The package's layout holds: imports run one way, modules stay small, SQL goes through the gateway.
+
+The import graph counts function-level imports too (a cycle hidden in a function still
+ties two modules together), but not imports under ``if TYPE_CHECKING:``, which never run.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "runrow"
+
+# Modules allowed past ~400 lines, each with its reason.
+LONG_MODULES = {
+    "embedded.py": "one launcher: finding, fetching and running a server binary, each platform's quirks in one place",
+    "demo/app.py": "the demo's whole HTTP API in one readable file; the protocols issue (#21) moves it into a mountable layer",
+}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC.parent).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The runrow modules ``name`` imports when it runs (at import time or in a function)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    targets: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            targets.update(a.name for a in node.names if a.name.split(".")[0] == "runrow")
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            if mod.split(".")[0] == "runrow":
+                for alias in node.names:
+                    sub = f"{mod}.{alias.name}"
+                    targets.add(sub if sub in modules else mod)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")))
+    # A module's own packages are initialised before it: importing them is no edge.
+    parents = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
+    return {t for t in targets if t in modules and t != name and t not in parents}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            strong(v)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(name, path, modules) for name, path in modules.items()}
+
+
+def test_imports_run_one_way() -> None:
+    assert _cycles(_graph()) == []
+
+
+def test_the_cycle_check_finds_a_cycle() -> None:
+    graph = _graph()
+    graph["runrow._gateway.claims"].add("runrow._engine.claimer")  # as if the gateway imported the engine
+    assert ["runrow._engine.claimer", "runrow._gateway.claims"] in _cycles(graph)
+
+
+def test_function_level_imports_count() -> None:
+    modules = _modules()
+    edges = _imports("runrow.cli", modules["runrow.cli"], modules)
+    assert "runrow._engine.dispatcher" in edges  # imported inside a function only
+
+
+def test_the_gateway_and_the_engine_depend_one_way() -> None:
+    graph = _graph()
+    for name, targets in graph.items():
+        if name.startswith("runrow._gateway"):
+            assert not {t for t in targets if t.startswith("runrow._engine")}, name
+
+
+@pytest.mark.parametrize("name", sorted(_modules()))
+def test_modules_stay_small(name: str) -> None:
+    path = _modules()[name]
+    rel = path.relative_to(SRC).as_posix()
+    lines = len(path.read_text(encoding="utf-8").splitlines())
+    assert lines <= 400 or rel in LONG_MODULES, (
+        f"{rel} has {lines} lines: split it, or state why in LONG_MODULES"
+    )
+
+
+def test_the_sql_speaks_the_event_vocabulary() -> None:
+    """The statements that write or read runrow's own events use the names in
+    runrow/_events.py (a rename on one side only fails here)."""
+    from runrow import _events
+
+    text = "\n".join(p.read_text(encoding="utf-8") for p in (SRC.parents[1] / "sql").glob("*.sql"))
+    for name in (
+        _events.USER_MESSAGE_CREATED,
+        _events.RUN_QUEUED,
+        _events.TOOL_CALL_STARTED,
+        _events.TOOL_CALL_FINISHED,
+        _events.TERMINAL_EVENT,
+        # ("stopped" is the worker's own: its ending writer sets it, not SQL.)
+        *(r for r in _events.ENDING_REASONS if r != "stopped"),
+    ):
+        assert f"'{name}'" in text, f"no SQL statement spells the event name {name!r}"
+    assert "runrow/_events.py" in text, "the SQL's event literals should point at runrow/_events.py"
