@@ -32,7 +32,7 @@ from psycopg import sql
 from throughput import ENQUEUE_DEFAULTS
 
 import runrow
-from runrow import _sql
+from runrow._gateway import statement_text
 from runrow._names import Channels
 from runrow.embedded import EmbeddedPostgres
 
@@ -107,7 +107,7 @@ async def probe(ci, schema, case):
         async with conn.transaction():
             await conn.execute("SET LOCAL jit = off")
             cur = await conn.execute(
-                _sql.statement("claim_fifo", schema),
+                statement_text("claim_fifo", schema),
                 {"limit": 16, "lease_seconds": 300.0, "worker_id": "probe", "now": None},
             )
             running = await cur.fetchall()
@@ -171,7 +171,7 @@ async def probe(ci, schema, case):
         }
         for name in STMTS:
             qname = "enqueue" if name.startswith("enqueue") else name
-            q = _sql.statement(qname, schema)
+            q = statement_text(qname, schema)
             p = params[name]
             res = {}
             names = order(q)

@@ -28,7 +28,7 @@ import psycopg
 from psycopg import sql
 
 import runrow
-from runrow import _sql
+from runrow._gateway import statement_text
 from runrow.embedded import EmbeddedPostgres
 
 
@@ -85,7 +85,7 @@ async def main():
                 # 16 running, as at concurrency 16
                 async with await psycopg.AsyncConnection.connect(ci, autocommit=True) as c:
                     await c.execute(
-                        _sql.statement("claim_fifo", schema),
+                        statement_text("claim_fifo", schema),
                         {"limit": 16, "lease_seconds": 300.0, "worker_id": "p", "now": None},
                     )
                 times = {"old": [], "new": []}

@@ -29,7 +29,7 @@ import psycopg
 from psycopg import sql
 
 import runrow
-from runrow import _sql
+from runrow._gateway import statement_text
 from runrow._names import Channels
 from runrow.embedded import EmbeddedPostgres
 
@@ -83,7 +83,7 @@ async def _latency(conn: psycopg.AsyncConnection, query: bytes) -> list[float]:
 
 async def _drain(dsn: str, schema: str, query: bytes, total: int) -> float:
     ch = Channels.for_schema(schema)
-    finalize = _sql.statement("finalize", schema)
+    finalize = statement_text("finalize", schema)
     done = 0
 
     async def worker() -> None:
@@ -128,7 +128,7 @@ async def measure(dsn: str, sizes: list[int], tenants: int) -> None:
         figures: dict[str, dict[str, float]] = {}
         for name in ("claim", "claim_fifo"):
             schema = await _fresh(dsn, size, tenants)
-            query = _sql.statement(name, schema)
+            query = statement_text(name, schema)
             async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
                 lat = await _latency(conn, query)
             rate = await _drain(dsn, schema, query, min(DRAIN, size))

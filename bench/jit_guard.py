@@ -9,7 +9,7 @@ has ``jit = off`` for its session: no cost per statement. Any other connection (
 host's pool or connection) pipelines a transaction-local ``set_config`` with the
 statement, in the same round trip; inside the host's own transaction the host's setting
 is also put back in that round trip. This script times one small runrow statement (the
-tail's ``read_events``, on a run with 20 events) through ``runrow._db.execute`` in each
+tail's ``read_events``, on a run with 20 events) through ``runrow._gateway._exec.execute`` in each
 of those three cases, interleaved, and prints microseconds per call and the ratio to
 the session-configured connection.
 """
@@ -24,7 +24,7 @@ import anyio
 import psycopg
 
 import runrow
-from runrow import _db, _sql
+from runrow._gateway import _exec, statement_text
 from runrow.embedded import EmbeddedPostgres
 
 
@@ -32,17 +32,17 @@ async def measure(dsn: str, calls: int, reps: int) -> None:
     schema = "jit_guard"
     await runrow.migrate(dsn, schema=schema)
     run = await runrow.enqueue(dsn, conversation_id="c", user_id="u", content="x", schema=schema)
-    query = _sql.statement("read_events", schema)
+    query = statement_text("read_events", schema)
     params = {"run_id": run.id, "after": 0, "limit": 500}
     own = await psycopg.AsyncConnection.connect(dsn, autocommit=True, prepare_threshold=0)
-    await _db.configure_own(own)
+    await _exec.configure_own(own)
     host = await psycopg.AsyncConnection.connect(dsn, autocommit=True, prepare_threshold=0)
     host_tx = await psycopg.AsyncConnection.connect(dsn, prepare_threshold=0)
 
     async def loop(conn: psycopg.AsyncConnection, n: int) -> float:
         t0 = time.perf_counter()
         for _ in range(n):
-            cur = await _db.execute(conn, query, params)
+            cur = await _exec.execute(conn, query, params)
             await cur.fetchall()
         return (time.perf_counter() - t0) / n * 1e6
 

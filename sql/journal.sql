@@ -1,4 +1,4 @@
--- The journal: fenced appends by the claim holder, reads after a cursor, retention.
+-- The journal (run_event): fenced appends by the claim holder, reads after a cursor, retention.
 
 -- name: append_events
 -- Flushes of one or more runs, each written only while its worker still holds the claim.
@@ -18,26 +18,6 @@ SELECT run_id,
        -- notify = false exists to measure what the NOTIFY costs (tails then poll).
        CASE WHEN %(notify)s THEN pg_notify(%(events_prefix)s || replace(run_id::text, '-', ''), '') END
 FROM (SELECT DISTINCT run_id FROM ins) landed
-
--- name: write_message
--- A fenced transcript write by the claim holder, in the turn of the message it answers.
--- The id comes from the worker, so a write whose answer was lost can be read back
--- (message_landed); a retry of a write that had landed after all conflicts on it and
--- writes nothing.
-INSERT INTO {schema}.message (id, conversation_id, run_id, role, content, status, turn)
-SELECT %(message_id)s, a.conversation_id, a.id, %(role)s, %(content)s, 'complete',
-       (SELECT u.turn FROM {schema}.message u WHERE u.id = a.user_message_id)
-FROM {schema}.agent_run a
-WHERE a.id = %(run_id)s AND a.claim_token = %(claim_token)s AND a.status = 'running'
-ON CONFLICT (id) DO NOTHING
-RETURNING id
-
--- name: message_landed
--- After a transcript write failed without an answer (connection lost): did the message
--- land, and does this worker still hold the claim? "Done", "retry" or "stand down".
-SELECT EXISTS (SELECT 1 FROM {schema}.message WHERE id = %(message_id)s) AS landed,
-       EXISTS (SELECT 1 FROM {schema}.agent_run
-               WHERE id = %(run_id)s AND claim_token = %(claim_token)s AND status = 'running') AS owned
 
 -- name: read_events
 SELECT seq, type, payload FROM {schema}.run_event

@@ -1,4 +1,5 @@
--- The life of a run: enqueue, claim, heartbeat, finalise, reap, retry.
+-- The life of a run (agent_run): enqueue, claim, heartbeat, finalise, reap, retry, stop,
+-- and the reads of runs (get, list, stats, the metrics' queue depth).
 -- Worker writes are fenced: run id AND claim_token AND status = 'running'.
 
 -- name: enqueue
@@ -435,31 +436,6 @@ SELECT fin.id,
             THEN pg_notify(%(wake_channel)s, '') END
 FROM fin
 
--- name: ending_budget
--- Pipelined ahead of finalize, in the same round trip and the same (implicit)
--- transaction: the server itself ends the ending's statement (and bounds its commit's
--- lock wait) before the worker gives up on it, so an ending given up is never left
--- waiting, e.g. on a locked row, to commit later. Transaction-local: nothing stays set.
--- It also turns JIT off for the finalize (sql/session.sql), so that the finalize needs
--- no guard of its own: a guard's pipeline nested in this one would sync, ending this
--- transaction, and the budget with it, before the finalize ran.
-SELECT set_config('statement_timeout', %(timeout)s, true), set_config('lock_timeout', %(timeout)s, true),
-       set_config('jit', 'off', true)
-
--- name: ending_budget_session
--- The same bound for the session of the ending writer's own connection (one runrow
--- opened and keeps; never the host's, never behind a transaction pooler), set once with
--- the first finalize it carries: later endings whose budget leaves at least this much
--- time are sent alone. The bound comes off (ending_budget_unset) before the connection
--- goes back to the pool; if that fails, the connection is closed instead.
-SELECT set_config('statement_timeout', %(timeout)s, false), set_config('lock_timeout', %(timeout)s, false)
-
--- name: ending_budget_unset
--- Both settings back to the values the session started with (its reset values: the
--- server's, the role's, or the connection's own options).
-SELECT set_config(name, reset_val, false) FROM pg_settings
-WHERE name IN ('statement_timeout', 'lock_timeout')
-
 -- name: ending_landed
 -- After an ending's answer was lost (connection cut) and its retry's fence matched
 -- nothing: had the lost attempt committed? Only this claim's own ending leaves the run
@@ -613,3 +589,55 @@ SELECT status, count(*) AS runs,
 FROM {schema}.agent_run
 WHERE status IN ('queued', 'running') OR finished_at > now() - interval '1 hour'
 GROUP BY status
+
+-- name: lock_conversation_runs
+-- Stop's sweep: lock every active run of the conversation, queued and running together.
+SELECT id, status FROM {schema}.agent_run
+WHERE conversation_id = %(conversation_id)s AND status IN ('queued', 'running')
+ORDER BY queue_order
+FOR UPDATE
+
+-- name: lock_run
+SELECT id, status, conversation_id FROM {schema}.agent_run WHERE id = %(run_id)s FOR UPDATE
+
+-- name: cancel_queued
+-- Queued turns never started: cancel them outright, turn their user message back into
+-- a draft for the composer, and journal their one terminal event.
+WITH c AS (
+    UPDATE {schema}.agent_run SET status = 'cancelled', finished_at = now()
+    WHERE id = ANY(%(ids)s::uuid[]) AND status = 'queued'
+    RETURNING id, user_message_id
+), d AS (
+    UPDATE {schema}.message m SET status = 'draft'
+    FROM c WHERE m.id = c.user_message_id
+    RETURNING m.id, m.content, c.id AS run_id
+), ev AS (
+    INSERT INTO {schema}.run_event (run_id, seq, type, payload)
+    SELECT c.id,
+           (SELECT coalesce(max(e.seq), 0) + 1 FROM {schema}.run_event e WHERE e.run_id = c.id),
+           'complete',
+           jsonb_build_object('status', 'cancelled', 'reason', 'stopped_before_start')
+    FROM c
+)
+SELECT d.run_id, d.id AS message_id, d.content,
+       pg_notify(%(events_prefix)s || replace(d.run_id::text, '-', ''), '')
+FROM d
+
+-- name: request_cancel
+-- The running turn: the durable flag is the truth, the NOTIFY only the fast path.
+UPDATE {schema}.agent_run SET cancel_requested = true
+WHERE id = ANY(%(ids)s::uuid[]) AND status = 'running'
+RETURNING id, pg_notify(%(cancel_channel)s, id::text)
+
+-- name: queue_depth_by_tenant
+-- Live runs per tenant ('' when the run has none) and status, and the age of the
+-- oldest queued one. Only queued and running rows are read (the partial indexes on
+-- the live states keep this cheap however many finished runs pile up).
+SELECT coalesce(tenant_id, '') AS tenant,
+       status,
+       count(*) AS runs,
+       extract(epoch FROM now() - min(created_at)) AS oldest_seconds
+FROM {schema}.agent_run
+WHERE status IN ('queued', 'running')
+GROUP BY 1, 2
+ORDER BY 1, 2

@@ -6,7 +6,10 @@
 -- runrow statement is worth compiling, so none runs with JIT: runrow's own connections
 -- turn it off for their session once (jit_off_session), and any other connection (the
 -- host's pool or connection, or a connection behind a transaction pooler) turns it off
--- for the one statement, pipelined in the same round trip (see src/runrow/_db.py).
+-- for the one statement, pipelined in the same round trip (see src/runrow/_gateway/_exec.py).
+--
+-- Also the transaction- and session-local bounds the ending writer and the metrics
+-- collector set (statement_timeout, lock_timeout).
 
 -- name: jit_off_session
 -- (Also generic plans: runrow's statements are written to be planned once, whatever
@@ -33,3 +36,33 @@ SELECT set_config('jit', current_setting('runrow.saved_jit'), true)
 -- this statement's own implicit transaction only (the connection is in autocommit and
 -- idle), so the session's own setting neither hides the answer nor changes.
 SELECT pg_jit_available() FROM (SELECT set_config('jit', 'on', true) OFFSET 0) s
+
+-- name: ending_budget
+-- Pipelined ahead of finalize, in the same round trip and the same (implicit)
+-- transaction: the server itself ends the ending's statement (and bounds its commit's
+-- lock wait) before the worker gives up on it, so an ending given up is never left
+-- waiting, e.g. on a locked row, to commit later. Transaction-local: nothing stays set.
+-- It also turns JIT off for the finalize (sql/session.sql), so that the finalize needs
+-- no guard of its own: a guard's pipeline nested in this one would sync, ending this
+-- transaction, and the budget with it, before the finalize ran.
+SELECT set_config('statement_timeout', %(timeout)s, true), set_config('lock_timeout', %(timeout)s, true),
+       set_config('jit', 'off', true)
+
+-- name: ending_budget_session
+-- The same bound for the session of the ending writer's own connection (one runrow
+-- opened and keeps; never the host's, never behind a transaction pooler), set once with
+-- the first finalize it carries: later endings whose budget leaves at least this much
+-- time are sent alone. The bound comes off (ending_budget_unset) before the connection
+-- goes back to the pool; if that fails, the connection is closed instead.
+SELECT set_config('statement_timeout', %(timeout)s, false), set_config('lock_timeout', %(timeout)s, false)
+
+-- name: ending_budget_unset
+-- Both settings back to the values the session started with (its reset values: the
+-- server's, the role's, or the connection's own options).
+SELECT set_config(name, reset_val, false) FROM pg_settings
+WHERE name IN ('statement_timeout', 'lock_timeout')
+
+-- name: metrics_statement_timeout
+-- Bounds the scrape-time read on the server too, for this transaction only (a
+-- transaction-local setting is safe behind a transaction-pooling pgbouncer).
+SELECT set_config('statement_timeout', %(timeout_ms)s, true)

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from runrow import _sql
+from runrow._gateway import statement_text
 
 from .bulk import SEED, seed
 from .helpers import table
@@ -75,7 +75,7 @@ async def test_a_claim_after_a_burst_on_stale_statistics_is_not_quadratic(
 ) -> None:
     await _history_then_burst(conn, schema, tenants)
     params = {"limit": 4, "lease_seconds": 30.0, "worker_id": "plan-test", "now": None}
-    query = _sql.statement(statement, schema)
+    query = statement_text(statement, schema)
     async with conn.transaction(force_rollback=True):
         if generic:
             await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")

@@ -301,9 +301,9 @@ async def test_every_single_claim_across_tenants_is_exactly_the_documented_pick(
 
 
 async def _explain_claim(conn: psycopg.AsyncConnection, schema: str) -> dict[str, int]:
-    from runrow import _sql
+    from runrow._gateway import statement_text
 
-    query = b"EXPLAIN (ANALYZE, FORMAT JSON) " + _sql.statement("claim", schema)
+    query = b"EXPLAIN (ANALYZE, FORMAT JSON) " + statement_text("claim", schema)
     row = None
     async with conn.transaction(force_rollback=True):  # EXPLAIN ANALYZE really claims: undo it
         cur = await conn.execute(

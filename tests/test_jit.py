@@ -29,6 +29,7 @@ from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 import runrow
+from runrow._gateway import statement_text
 from runrow.embedded import EmbeddedPostgres
 
 from .bulk import seed
@@ -215,7 +216,7 @@ async def test_a_deep_queue_never_compiles_the_claim_on_stock_settings(stock: Em
         await seed(conn, schema, tenant=None, n=10_000, conversations=500)
     # The hazard is real at this depth: run plainly, the claim's estimate crosses
     # jit_above_cost and the statement is compiled (rolled back: nothing is claimed).
-    claim = runrow._sql.statement("claim", schema)
+    claim = statement_text("claim", schema)
     async with await psycopg.AsyncConnection.connect(dsn) as plain:
         cur = await plain.execute(
             b"EXPLAIN (ANALYZE, FORMAT TEXT) " + claim,
@@ -248,15 +249,14 @@ async def test_runrows_own_connections_plan_every_statement_generically(
     """A connection runrow opened for itself plans each prepared statement once, for any
     parameters: a custom plan of the claim at depth spends more time planning than it
     runs. A host's connection keeps its own plan_cache_mode."""
-    from runrow import _db, _sql
+    from runrow._gateway import _exec, reads
 
     run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True, prepare_threshold=0) as conn:
         if own:
-            await _db.configure_own(conn)
+            await _exec.configure_own(conn)
         for _ in range(3):
-            cur = await _db.execute(conn, _sql.statement("get_run", schema), {"run_id": run.id})
-            assert (await cur.fetchone()) is not None
+            assert (await reads.get_run(conn, schema, run_id=run.id)) is not None
         cur = await conn.execute(
             "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement LIKE %s",
             ("%agent_run WHERE id = $1%",),

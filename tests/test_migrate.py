@@ -11,7 +11,7 @@ import pytest
 from psycopg import sql
 
 import runrow
-from runrow import _sql
+from runrow._gateway import schema as gateway_schema
 
 from .helpers import table
 
@@ -69,11 +69,11 @@ async def test_out_of_date_schema_is_reported_with_the_fix(
     dsn: str, schema_name: str, conn: psycopg.AsyncConnection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Pretend this runrow knows one more migration than the database has.
-    real = _sql.migrations()
-    extra = (*real, (len(real) + 1, "future", "SELECT 1"))
+    real = gateway_schema.migrations()
+    extra = (*real, gateway_schema.Migration(len(real) + 1, "future", "SELECT 1"))
     try:
         await runrow.migrate(dsn, schema=schema_name)
-        monkeypatch.setattr(_sql, "migrations", lambda: extra)
+        monkeypatch.setattr(gateway_schema, "migrations", lambda: extra)
         from runrow._gateway.schema import require as require_schema
 
         with pytest.raises(runrow.SchemaOutOfDate, match="runrow migrate") as info:
@@ -81,7 +81,7 @@ async def test_out_of_date_schema_is_reported_with_the_fix(
         assert (info.value.found, info.value.expected) == (len(real), len(real) + 1)
         # And the other way round: a database newer than the code says to upgrade runrow.
         await runrow.migrate(dsn, schema=schema_name)
-        monkeypatch.setattr(_sql, "migrations", lambda: real)
+        monkeypatch.setattr(gateway_schema, "migrations", lambda: real)
         with pytest.raises(runrow.SchemaOutOfDate, match="upgrade the runrow package"):
             await require_schema(conn, schema_name)
         with pytest.raises(runrow.SchemaOutOfDate):

@@ -63,11 +63,11 @@ async def test_not_before_is_honoured_on_the_database_clock(
 async def _claim(
     conn: psycopg.AsyncConnection, schema: str, name: str, *, now: datetime | None
 ) -> list[dict[str, object]]:
-    from runrow import _sql
+    from runrow._gateway import statement_text
 
     cur = conn.cursor(row_factory=psycopg.rows.dict_row)
     await cur.execute(
-        _sql.statement(name, schema), {"limit": 5, "lease_seconds": 30, "worker_id": "t", "now": now}
+        statement_text(name, schema), {"limit": 5, "lease_seconds": 30, "worker_id": "t", "now": now}
     )
     return await cur.fetchall()
 

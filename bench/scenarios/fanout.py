@@ -17,7 +17,7 @@ from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 import runrow
-from runrow import _sql
+from runrow._gateway import statement_text
 
 POOL_SIZE = 10
 
@@ -108,7 +108,7 @@ async def fanout(b: Bench) -> list[Row]:
             # The baseline, same pool and runs: one read of each run's journal, all at
             # once, which is what the tails must do once the hub wakes them (a tail's
             # delivery adds the append, the NOTIFY, the hub and the tail's own work).
-            read = _sql.statement("read_events", s)
+            read = statement_text("read_events", s)
             t_bare = time.monotonic()
 
             async def one_read(rid: Any) -> None:

@@ -6,8 +6,8 @@ import math
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
-from . import _json, _sql
-from ._db import Database, atomic, execute, schema_guard, statement_conn
+from . import _json
+from ._db import Database, atomic, schema_guard, statement_conn
 from ._errors import (
     ConversationBusy,
     IdempotencyConflict,
@@ -17,6 +17,7 @@ from ._errors import (
     RunrowError,
     RunTrimmed,
 )
+from ._gateway import reads, submit
 from ._models import Run, StopResult
 from ._names import DEFAULT_SCHEMA, Channels, check_schema
 from ._stop import stop_locked
@@ -124,25 +125,20 @@ async def enqueue(
             raise InvalidInput(name, "must be a non-negative integer below 2**31, or None")
     not_before_at, not_before_in = _when(not_before, "not_before")
     deadline_at, deadline_in = _when(deadline, "deadline")
-    params = {
+    # The turn, as the refusal, the interrupt and the idempotent read-back need it.
+    params: dict[str, Any] = {
         "conversation_id": conversation_id,
         "user_id": user_id,
         "tenant_id": tenant_id,
         "idempotency_key": idempotency_key,
         "content": _json.dumps(content, "content", max_content_bytes),
         "request": None if request is None else _json.dumps(request, "request", max_content_bytes),
-        "priority": priority,
-        "not_before_at": not_before_at,
-        "not_before_in": not_before_in,
-        "deadline_at": deadline_at,
-        "deadline_in": deadline_in,
         "max_queued_tenant": max_queued_per_tenant,
         "max_queued_conversation": max_queued_per_conversation,
-        "reject_if_busy": on_busy == "reject",
-        "wake_channel": Channels.for_schema(schema).wake,
-        # Taken by every enqueue of the conversation: its turns queue in commit order.
-        "conversation_lock": _conversation_lock(schema, conversation_id),
     }
+    # Taken by every enqueue of the conversation: its turns queue in commit order.
+    conversation_lock = _conversation_lock(schema, conversation_id)
+    wake_channel = Channels.for_schema(schema).wake
     gated = (
         on_busy != "enqueue" or max_queued_per_tenant is not None or max_queued_per_conversation is not None
     )
@@ -152,37 +148,51 @@ async def enqueue(
     # their admission lock first, in the same transaction as the statement.
     async with schema_guard(db, schema), atomic(db) if gated else statement_conn(db) as conn:
         if gated:
-            await execute(
+            await submit.admission_lock(
                 conn,
-                _sql.statement("admission_lock", schema),
-                {
-                    "tenant_lock": None
-                    if max_queued_per_tenant is None
-                    else f"runrow.enqueue:{schema}:tenant:{tenant_id or ''}",
-                    "conversation_lock": params["conversation_lock"],
-                },
+                schema,
+                tenant_lock=None
+                if max_queued_per_tenant is None
+                else f"runrow.enqueue:{schema}:tenant:{tenant_id or ''}",
+                conversation_lock=conversation_lock,
             )
         if on_busy == "interrupt":
             interrupted = await _interrupt(conn, schema, params)
-        cur = await execute(conn, _sql.statement("enqueue", schema), params)
-        row = await cur.fetchone()
-        assert row is not None  # the gate always yields one row
-        if row[0] is not None:
-            return Run(row[0], row[1], row[2], row[3], row[4], created=True, interrupted=interrupted)
-        refused = not row[6]
+        gate = await submit.enqueue(
+            conn,
+            schema,
+            conversation_id=conversation_id,
+            user_id=user_id,
+            tenant_id=tenant_id,
+            idempotency_key=idempotency_key,
+            content=params["content"],
+            request=params["request"],
+            priority=priority,
+            not_before_at=not_before_at,
+            not_before_in=not_before_in,
+            deadline_at=deadline_at,
+            deadline_in=deadline_in,
+            max_queued_tenant=max_queued_per_tenant,
+            max_queued_conversation=max_queued_per_conversation,
+            reject_if_busy=on_busy == "reject",
+            wake_channel=wake_channel,
+            conversation_lock=conversation_lock,
+        )
+        if gate.run is not None:
+            return Run(*gate.run, created=True, interrupted=interrupted)
+        refused = not gate.admitted
         if refused and idempotency_key is None:
-            await _refuse(conn, schema, row, params)
+            await _refuse(conn, schema, gate, params)
     # The key exists: the first run won (the INSERT waited for it to commit). Read it, in
     # a statement whose snapshot sees that commit, and compare it with this turn.
     async with statement_conn(db) as conn:
-        cur = await execute(conn, _sql.statement("find_idempotent", schema), params)
-        found = await cur.fetchone()
+        found = await _find_idempotent(conn, schema, params)
         if found is None and refused:
-            await _refuse(conn, schema, row, params)
+            await _refuse(conn, schema, gate, params)
     if found is None:  # pragma: no cover - the conflict guarantees a committed row
         raise RunrowError("idempotent enqueue conflicted but the first run is not visible")
     _same_turn(found, params)
-    return Run(found[0], found[1], found[2], found[3], found[4], created=False)
+    return Run(*found.run, created=False)
 
 
 def _conversation_lock(schema: str, conversation_id: str) -> str:
@@ -190,20 +200,39 @@ def _conversation_lock(schema: str, conversation_id: str) -> str:
     return f"runrow.enqueue:{schema}:conversation:{conversation_id}"
 
 
-_TURN_FIELDS = ("conversation_id", "tenant_id", "content", "request")
-"""What makes a repeat the same turn: the inputs the agent gets (find_idempotent's flags)."""
+async def _find_idempotent(
+    conn: AsyncConnection, schema: str, params: dict[str, Any]
+) -> submit.IdempotentRun | None:
+    """The run this turn's idempotency key already names (see :func:`submit.find_idempotent`)."""
+    return await submit.find_idempotent(
+        conn,
+        schema,
+        user_id=params["user_id"],
+        idempotency_key=params["idempotency_key"],
+        conversation_id=params["conversation_id"],
+        tenant_id=params["tenant_id"],
+        content=params["content"],
+        request=params["request"],
+    )
 
 
-def _same_turn(found: Any, params: dict[str, Any]) -> None:
+def _same_turn(found: submit.IdempotentRun, params: dict[str, Any]) -> None:
     """Raises :class:`IdempotencyConflict` unless the key's run records this very turn.
 
     Scheduling options (priority, not_before, deadline, limits, on_busy) are not
     compared: they change when a turn runs, not what runs, and a relative time cannot
     match on a retry anyway.
     """
-    differ = tuple(name for name, flag in zip(_TURN_FIELDS, found[5:9], strict=True) if flag)
+    # What makes a repeat the same turn: the inputs the agent gets.
+    flags = (
+        ("conversation_id", found.other_conversation),
+        ("tenant_id", found.other_tenant),
+        ("content", found.other_content),
+        ("request", found.other_request),
+    )
+    differ = tuple(name for name, flag in flags if flag)
     if differ:
-        raise IdempotencyConflict(params["idempotency_key"], found[0], differ)
+        raise IdempotencyConflict(params["idempotency_key"], found.run.id, differ)
 
 
 _MAX_OFFSET_SECONDS = 1000 * 365 * 86400
@@ -228,27 +257,23 @@ def _when(value: datetime | timedelta | None, field: str) -> tuple[datetime | No
 async def _interrupt(conn: AsyncConnection, schema: str, params: dict[str, Any]) -> StopResult | None:
     """Stops the conversation's active turns inside the enqueue's transaction."""
     if params["idempotency_key"] is not None:
-        cur = await execute(conn, _sql.statement("find_idempotent", schema), params)
-        found = await cur.fetchone()
+        found = await _find_idempotent(conn, schema, params)
         if found is not None:
             _same_turn(found, params)  # a reused key stops nothing
             return None  # a repeat of an accepted interrupt: it already stopped what it stopped
     return await stop_locked(conn, schema, params["conversation_id"])
 
 
-async def _refuse(conn: AsyncConnection, schema: str, row: Any, params: dict[str, Any]) -> NoReturn:
+async def _refuse(
+    conn: AsyncConnection, schema: str, gate: submit.Admission, params: dict[str, Any]
+) -> NoReturn:
     """Raises the typed refusal for a gated enqueue that wrote nothing."""
-    busy, tenant_queued, conversation_queued = row[7], row[8], row[9]
-    if busy:
+    tenant_queued, conversation_queued = gate.tenant_queued, gate.conversation_queued
+    if gate.busy:
         raise ConversationBusy(params["conversation_id"])
-    cur = await execute(
-        conn,
-        _sql.statement("throughput", schema),
-        {"tenant_id": params["tenant_id"], "window_seconds": THROUGHPUT_WINDOW_SECONDS, "now": None},
+    finished, tenant_finished, avg_run = await reads.throughput(
+        conn, schema, tenant_id=params["tenant_id"], window_seconds=THROUGHPUT_WINDOW_SECONDS, now=None
     )
-    stats = await cur.fetchone()
-    assert stats is not None
-    finished, tenant_finished, avg_run = int(stats[0]), int(stats[1]), stats[2]
     tenant_limit, conversation_limit = params["max_queued_tenant"], params["max_queued_conversation"]
     if tenant_limit is not None and tenant_queued is not None and tenant_queued >= tenant_limit:
         # One of the tenant's runs must start: about one tenant completion interval.
@@ -281,22 +306,20 @@ async def retry_run(db: Database, run_id: uuid.UUID | str, *, schema: str = DEFA
     """
     check_schema(schema)
     rid = _json.parse_run_id(run_id)
-    params = {
-        "run_id": rid,
-        "wake_channel": Channels.for_schema(schema).wake,
-        "conversation_lock_prefix": _conversation_lock(schema, ""),
-    }
     async with schema_guard(db, schema), atomic(db) as conn:
-        cur = await execute(conn, _sql.statement("retry", schema), params)
-        row = await cur.fetchone()
-        if row is not None:
-            return Run(row[0], row[1], row[2], row[3], row[4], created=True)
-        cur = await execute(conn, _sql.statement("find_retry", schema), {"run_id": rid})
-        found = await cur.fetchone()
+        new = await submit.retry(
+            conn,
+            schema,
+            run_id=rid,
+            wake_channel=Channels.for_schema(schema).wake,
+            conversation_lock_prefix=_conversation_lock(schema, ""),
+        )
+        if new is not None:
+            return Run(*new, created=True)
+        found = await submit.find_retry(conn, schema, run_id=rid)
         if found is not None:
-            return Run(found[0], found[1], found[2], found[3], found[4], created=False)
-        cur = await execute(conn, _sql.statement("retry_source", schema), {"run_id": rid})
-        original = await cur.fetchone()
+            return Run(*found, created=False)
+        original = await submit.retry_source(conn, schema, run_id=rid)
     if original is None:
         raise RunNotFound(rid)
     status, trimmed = original

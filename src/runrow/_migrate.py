@@ -6,8 +6,8 @@ import logging
 
 from psycopg import AsyncConnection
 
-from . import _sql
 from ._errors import InvalidInput, SchemaOutOfDate
+from ._gateway import schema as _schema
 from ._names import DEFAULT_SCHEMA, check_schema
 
 __all__ = ["latest_version", "migrate"]
@@ -17,7 +17,7 @@ log = logging.getLogger("runrow.migrate")
 
 def latest_version() -> int:
     """The schema version this runrow needs."""
-    return len(_sql.migrations())
+    return _schema.latest_version()
 
 
 async def migrate(
@@ -31,7 +31,7 @@ async def migrate(
     :class:`SchemaOutOfDate`.
     """
     check_schema(schema)
-    steps = _sql.migrations()
+    steps = _schema.migrations()
     goal = len(steps) if target is None else target
     if not 0 <= goal <= len(steps):
         raise InvalidInput("target", f"must be between 0 and {len(steps)}")
@@ -42,24 +42,20 @@ async def migrate(
 
 
 async def _migrate(
-    conn: AsyncConnection, schema: str, steps: tuple[tuple[int, str, str], ...], goal: int
+    conn: AsyncConnection, schema: str, steps: tuple[_schema.Migration, ...], goal: int
 ) -> list[int]:
     applied_now: list[int] = []
     lock_key = f"runrow.migrate:{schema}"
-    for version, name, text in steps[:goal]:
+    for step in steps[:goal]:
+        version, name = step.version, step.name
         async with conn.transaction():
-            await conn.execute(_sql.statement("migrate_lock", schema), {"lock_key": lock_key})
-            await conn.execute(_sql.statement("create_schema", schema))
-            await conn.execute(_sql.statement("create_version_table", schema))
-            cur = await conn.execute(_sql.statement("applied_versions", schema))
-            done = {row[0] for row in await cur.fetchall()}
+            done = await _schema.lock_for_migration(conn, schema, lock_key=lock_key)
             newest = max(done, default=0)
             if newest > len(steps):
                 raise SchemaOutOfDate(schema, newest, len(steps))
             if version in done:
                 continue
-            await conn.execute(_sql.render(text, schema))
-            await conn.execute(_sql.statement("record_version", schema), {"version": version, "name": name})
+            await _schema.apply_migration(conn, schema, step=step)
             applied_now.append(version)
             log.info(
                 "applied migration %04d_%s to schema %s",

@@ -5,17 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from psycopg.rows import dict_row
-
-from . import _json, _sql
-from ._db import Database, execute, schema_guard, statement_conn
+from . import _json
+from ._db import Database, schema_guard, statement_conn
 from ._errors import InvalidInput, RunNotFound
+from ._gateway import reads
 from ._json import parse_run_id
-from ._models import Message, RunInfo
 from ._names import DEFAULT_SCHEMA, check_schema
 
 if TYPE_CHECKING:
     import uuid
+
+    from ._models import Message, RunInfo
 
 __all__ = ["QueueStats", "get_run", "list_runs", "queue_stats", "transcript"]
 
@@ -25,12 +25,10 @@ async def get_run(db: Database, run_id: uuid.UUID | str, *, schema: str = DEFAUL
     check_schema(schema)
     rid = parse_run_id(run_id)
     async with schema_guard(db, schema), statement_conn(db) as conn:
-        cur = conn.cursor(row_factory=dict_row)
-        await execute(conn, _sql.statement("get_run", schema), {"run_id": rid}, cursor=cur)
-        row = await cur.fetchone()
-    if row is None:
+        run = await reads.get_run(conn, schema, run_id=rid)
+    if run is None:
         raise RunNotFound(rid)
-    return RunInfo(**row)
+    return run
 
 
 async def list_runs(
@@ -49,14 +47,9 @@ async def list_runs(
     if not 1 <= limit <= 10_000:
         raise InvalidInput("limit", "must be between 1 and 10000")
     async with schema_guard(db, schema), statement_conn(db) as conn:
-        cur = conn.cursor(row_factory=dict_row)
-        await execute(
-            conn,
-            _sql.statement("list_runs", schema),
-            {"conversation_id": conversation_id, "status": status, "limit": limit},
-            cursor=cur,
+        return await reads.list_runs(
+            conn, schema, conversation_id=conversation_id, status=status, limit=limit
         )
-        return [RunInfo(**r) for r in await cur.fetchall()]
 
 
 async def transcript(db: Database, conversation_id: str, *, schema: str = DEFAULT_SCHEMA) -> list[Message]:
@@ -69,10 +62,7 @@ async def transcript(db: Database, conversation_id: str, *, schema: str = DEFAUL
     check_schema(schema)
     _json.check_id(conversation_id, "conversation_id")
     async with schema_guard(db, schema), statement_conn(db) as conn:
-        cur = await execute(
-            conn, _sql.statement("transcript", schema), {"conversation_id": conversation_id, "run_id": None}
-        )
-        return [Message(*r) for r in await cur.fetchall()]
+        return await reads.transcript(conn, schema, conversation_id=conversation_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +85,13 @@ async def queue_stats(db: Database, *, schema: str = DEFAULT_SCHEMA) -> QueueSta
     """Queued and running counts, the oldest queued run's age, last hour's outcomes."""
     check_schema(schema)
     async with schema_guard(db, schema), statement_conn(db) as conn:
-        cur = await execute(conn, _sql.statement("stats", schema))
-        rows = await cur.fetchall()
-    oldest = next((float(r[2]) for r in rows if r[0] == "queued" and r[2] is not None), None)
-    return QueueStats({r[0]: int(r[1]) for r in rows}, oldest)
+        rows = await reads.stats(conn, schema)
+    oldest = next(
+        (
+            r.oldest_queued_seconds
+            for r in rows
+            if r.status == "queued" and r.oldest_queued_seconds is not None
+        ),
+        None,
+    )
+    return QueueStats({r.status: r.runs for r in rows}, oldest)

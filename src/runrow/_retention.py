@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from . import _sql
-from ._db import Database, execute, schema_guard, statement_conn
+from ._db import Database, schema_guard, statement_conn
 from ._errors import InvalidInput
+from ._gateway import retention as _gw
 from ._names import DEFAULT_SCHEMA, check_schema
 
 __all__ = ["TrimResult", "trim"]
@@ -40,14 +40,10 @@ async def trim(
     runs = events = 0
     while True:
         async with schema_guard(db, schema), statement_conn(db) as conn:
-            cur = await execute(
-                conn,
-                _sql.statement("trim", schema),
-                {"retention_seconds": retention.total_seconds(), "limit": batch, "now": now},
+            done = await _gw.trim(
+                conn, schema, retention_seconds=retention.total_seconds(), limit=batch, now=now
             )
-            row = await cur.fetchone()
-        assert row is not None
-        runs += row[0]
-        events += row[1]
-        if row[0] < batch:
+        runs += done.runs
+        events += done.events
+        if done.runs < batch:
             return TrimResult(runs, events)

@@ -4,15 +4,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from . import _json, _sql
-from ._db import Database, atomic, execute, schema_guard
+from . import _json
+from ._db import Database, atomic, schema_guard
 from ._errors import RunNotFound
+from ._gateway import stop as _gw
 from ._json import parse_run_id
-from ._models import Draft, StopResult
+from ._models import StopResult
 from ._names import DEFAULT_SCHEMA, Channels, check_schema
 
 if TYPE_CHECKING:
     import uuid
+
+    from psycopg import AsyncConnection
+
+    from ._gateway.stop import LockedRun
+    from ._models import Draft
 
 __all__ = ["cancel_run", "stop_conversation"]
 
@@ -35,16 +41,10 @@ async def stop_conversation(
         return await stop_locked(conn, schema, conversation_id)
 
 
-async def stop_locked(conn: object, schema: str, conversation_id: str) -> StopResult:
+async def stop_locked(conn: AsyncConnection, schema: str, conversation_id: str) -> StopResult:
     """The stop sweep on a connection already inside a transaction (stop, interrupt)."""
-    from psycopg import AsyncConnection
-
-    assert isinstance(conn, AsyncConnection)
-    cur = await execute(
-        conn, _sql.statement("lock_conversation_runs", schema), {"conversation_id": conversation_id}
-    )
-    runs = await cur.fetchall()
-    return await _stop(conn, schema, [(r[0], r[1]) for r in runs])
+    runs = await _gw.lock_conversation_runs(conn, schema, conversation_id=conversation_id)
+    return await _stop(conn, schema, runs)
 
 
 async def cancel_run(db: Database, run_id: uuid.UUID | str, *, schema: str = DEFAULT_SCHEMA) -> StopResult:
@@ -54,36 +54,23 @@ async def cancel_run(db: Database, run_id: uuid.UUID | str, *, schema: str = DEF
     check_schema(schema)
     rid = parse_run_id(run_id)
     async with schema_guard(db, schema), atomic(db) as conn:
-        cur = await execute(conn, _sql.statement("lock_run", schema), {"run_id": rid})
-        row = await cur.fetchone()
-        if row is None:
+        run = await _gw.lock_run(conn, schema, run_id=rid)
+        if run is None:
             raise RunNotFound(rid)
-        return await _stop(conn, schema, [(row[0], row[1])])
+        return await _stop(conn, schema, [run])
 
 
-async def _stop(conn: object, schema: str, runs: list[tuple[uuid.UUID, str]]) -> StopResult:
-    from psycopg import AsyncConnection
-
-    assert isinstance(conn, AsyncConnection)
+async def _stop(conn: AsyncConnection, schema: str, runs: list[LockedRun]) -> StopResult:
+    """Cancels the queued runs among ``runs`` and flags the running ones (all locked)."""
     channels = Channels.for_schema(schema)
     queued = [rid for rid, status in runs if status == "queued"]
     running = [rid for rid, status in runs if status == "running"]
     drafts: list[Draft] = []
     flagged: list[uuid.UUID] = []
     if queued:
-        cur = await execute(
-            conn,
-            _sql.statement("cancel_queued", schema),
-            {"ids": queued, "events_prefix": channels.events_prefix},
-        )
-        drafts = [Draft(r[0], r[1], r[2]) for r in await cur.fetchall()]
+        drafts = await _gw.cancel_queued(conn, schema, ids=queued, events_prefix=channels.events_prefix)
     if running:
-        cur = await execute(
-            conn,
-            _sql.statement("request_cancel", schema),
-            {"ids": running, "cancel_channel": channels.cancel},
-        )
-        flagged = [r[0] for r in await cur.fetchall()]
+        flagged = await _gw.request_cancel(conn, schema, ids=running, cancel_channel=channels.cancel)
     order = {rid: i for i, (rid, _) in enumerate(runs)}
     drafts.sort(key=lambda d: order[d.run_id])
     return StopResult(cancelled=[d.run_id for d in drafts], cancel_requested=flagged, drafts=drafts)

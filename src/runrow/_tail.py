@@ -5,17 +5,18 @@ from __future__ import annotations
 import contextlib
 import logging
 from contextlib import AsyncExitStack
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio
 import psycopg
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from . import _sql
-from ._db import Database, configure_own, describe, execute, schema_guard, statement_conn
+from ._db import Database, describe, schema_guard, statement_conn
 from ._errors import InvalidInput, RunNotFound
 from ._events import KEEPALIVE, TERMINAL_EVENT, Event
+from ._gateway import tail as _gw
+from ._gateway._exec import configure_own
 from ._json import parse_run_id
 from ._models import TERMINAL
 from ._names import DEFAULT_SCHEMA, Channels, check_schema
@@ -66,8 +67,6 @@ async def tail(
         raise InvalidInput("from_seq", "must be a non-negative integer")
     if keepalive <= 0 or poll <= 0:
         raise InvalidInput("keepalive", "keepalive and poll must be positive")
-    read_q = _sql.statement("read_events", schema)
-    state_q = _sql.statement("run_terminal_state", schema)
     cursor = from_seq
     async with AsyncExitStack() as stack:
         own = isinstance(db, str)  # then the tail keeps one connection of its own
@@ -93,7 +92,7 @@ async def tail(
             try:
                 async with schema_guard(db, schema):
                     rows, state = await _read(
-                        db, conn_box, own, read_q, state_q, rid, cursor, batch, prepared_statements
+                        db, conn_box, own, schema, rid, cursor, batch, prepared_statements
                     )
                 read = True
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
@@ -117,30 +116,32 @@ async def tail(
             if read:
                 caught_up = True
                 backoff = poll
-            for seq, etype, payload in rows:
-                cursor = seq
-                yield Event(seq, etype, payload)
-                if etype == TERMINAL_EVENT:
+            for event in rows:
+                cursor = event.seq
+                yield event
+                if event.type == TERMINAL_EVENT:
                     return
             if rows:
                 idle_since = anyio.current_time()
                 if len(rows) == batch:
                     continue
-            elif state is not None and state[3] is not None and cursor > state[3]:
+            elif state is not None and state.last_seq is not None and cursor > state.last_seq:
                 # Seq is gap-free and a tail yields only committed events: this cursor is
                 # not from this run's stream. Waiting would skip the events up to it
                 # silently, or end with nothing; the client should resume from its last
                 # seq (or 0) instead.
                 raise InvalidInput(
                     "from_seq",
-                    f"{cursor} is past the end of run {rid}'s journal (its last seq is {state[3]})",
+                    f"{cursor} is past the end of run {rid}'s journal (its last seq is {state.last_seq})",
                 )
-            elif state is not None and state[0] in TERMINAL:
-                if state[2]:
+            elif state is not None and state.status in TERMINAL:
+                if state.journaled_end:
                     return  # resumed past the journaled ending: nothing is left to send
                 # Terminal without a journaled ending (e.g. a trimmed journal): say so.
                 yield Event(
-                    cursor + 1, TERMINAL_EVENT, {"status": state[0], "error": state[1], "synthesized": True}
+                    cursor + 1,
+                    TERMINAL_EVENT,
+                    {"status": state.status, "error": state.error, "synthesized": True},
                 )
                 return
             now = anyio.current_time()
@@ -160,14 +161,13 @@ async def _read(
     db: Database,
     conn_box: list[AsyncConnection],
     own: bool,
-    read_q: bytes,
-    state_q: bytes,
+    schema: str,
     rid: uuid.UUID,
     cursor: int,
     batch: int,
     prepared_statements: bool = True,
-) -> tuple[list[tuple[Any, ...]], tuple[Any, ...] | None]:
-    """Events after ``cursor``; when there are none, the run's (status, error) as well."""
+) -> tuple[list[Event], _gw.RunEnd | None]:
+    """Events after ``cursor``; when there are none, the run's ending as well."""
     if own:
         if not conn_box or conn_box[0].closed:
             assert isinstance(db, str)
@@ -181,18 +181,15 @@ async def _read(
     else:
         source = db
     async with statement_conn(source) as conn:
-        cur = await execute(conn, read_q, {"run_id": rid, "after": cursor, "limit": batch})
-        rows = await cur.fetchall()
+        rows = await _gw.read_events(conn, schema, run_id=rid, after=cursor, limit=batch)
         if rows:
             return rows, None
-        cur = await execute(conn, state_q, {"run_id": rid})
-        state = await cur.fetchone()
+        state = await _gw.run_terminal_state(conn, schema, run_id=rid)
         if state is None:
             raise RunNotFound(rid)
-        if state[0] in TERMINAL:
+        if state.status in TERMINAL:
             # The ending commits the status with its event: read once more.
-            cur = await execute(conn, read_q, {"run_id": rid, "after": cursor, "limit": batch})
-            rows = await cur.fetchall()
+            rows = await _gw.read_events(conn, schema, run_id=rid, after=cursor, limit=batch)
         return rows, state
 
 

@@ -21,10 +21,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from . import _json, _sql
-from ._db import Database, atomic, execute, schema_guard, statement_conn
+from . import _json
+from ._db import Database, atomic, schema_guard, statement_conn
 from ._enqueue import THROUGHPUT_WINDOW_SECONDS
 from ._errors import InvalidInput, RunNotFound
+from ._gateway import reads
+from ._gateway import tenants as _gw
 from ._json import parse_run_id
 from ._models import QueuePosition, TenantPolicy
 from ._names import DEFAULT_SCHEMA, check_schema
@@ -65,22 +67,16 @@ async def set_tenant_policy(
     ):
         raise InvalidInput("max_running", "must be a positive integer or None")
     async with schema_guard(db, schema), atomic(db) as conn:
-        cur = await execute(
-            conn,
-            _sql.statement("set_tenant_policy", schema),
-            {"tenant_id": tenant_id, "weight": weight, "max_running": max_running},
+        return await _gw.set_tenant_policy(
+            conn, schema, tenant_id=tenant_id, weight=weight, max_running=max_running
         )
-        row = await cur.fetchone()
-    assert row is not None
-    return TenantPolicy(row[0], row[1], row[2])
 
 
 async def tenant_policies(db: Database, *, schema: str = DEFAULT_SCHEMA) -> list[TenantPolicy]:
     """Every tenant policy set; tenants without one have weight 1 and no cap."""
     check_schema(schema)
     async with schema_guard(db, schema), statement_conn(db) as conn:
-        cur = await execute(conn, _sql.statement("list_tenant_policies", schema))
-        return [TenantPolicy(r[0], r[1], r[2]) for r in await cur.fetchall()]
+        return await _gw.list_tenant_policies(conn, schema)
 
 
 async def queue_position(
@@ -111,34 +107,26 @@ async def queue_position(
     check_schema(schema)
     rid = parse_run_id(run_id)
     async with schema_guard(db, schema), statement_conn(db) as conn:
-        cur = await execute(
-            conn,
-            _sql.statement("queue_position", schema),
-            {"run_id": rid, "now": now, "cap": _POSITION_COUNT_LIMIT, "min_walk": _MIN_WALK},
+        spot = await _gw.queue_position(
+            conn, schema, run_id=rid, now=now, cap=_POSITION_COUNT_LIMIT, min_walk=_MIN_WALK
         )
-        row = await cur.fetchone()
-        if row is None:
+        if spot is None:
             raise RunNotFound(rid)
-        cur = await execute(
-            conn,
-            _sql.statement("throughput", schema),
-            {"tenant_id": None, "window_seconds": THROUGHPUT_WINDOW_SECONDS, "now": now},
+        recent = await reads.throughput(
+            conn, schema, tenant_id=None, window_seconds=THROUGHPUT_WINDOW_SECONDS, now=now
         )
-        stats = await cur.fetchone()
-    assert stats is not None
-    status, rank, position, due_in, exact = row
-    per_second = int(stats[0]) / THROUGHPUT_WINDOW_SECONDS
+    per_second = recent.finished / THROUGHPUT_WINDOW_SECONDS
     wait: float | None = None
-    if position is not None and per_second > 0:
-        wait = int(position) / per_second
-    if position is not None and due_in is not None and due_in > 0:
-        wait = max(wait or 0.0, float(due_in))
+    if spot.position is not None and per_second > 0:
+        wait = spot.position / per_second
+    if spot.position is not None and spot.due_in is not None and spot.due_in > 0:
+        wait = max(wait or 0.0, float(spot.due_in))
     return QueuePosition(
         run_id=rid,
-        status=status,
-        position=None if position is None else int(position),
-        rank_in_tenant=None if rank is None else int(rank),
+        status=spot.status,
+        position=spot.position,
+        rank_in_tenant=spot.rank_in_tenant,
         estimated_wait_seconds=wait,
         throughput_per_minute=per_second * 60,
-        exact=bool(exact),
+        exact=spot.exact,
     )

@@ -31,9 +31,9 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, m
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from . import _sql
-from ._db import Database, atomic, execute
+from ._db import Database, atomic
 from ._errors import ConfigurationError
+from ._gateway import metrics as _gw
 from ._names import DEFAULT_SCHEMA, check_schema
 from ._observe import Observer
 
@@ -228,20 +228,19 @@ class QueueCollector(Collector):
 
     async def refresh(self) -> None:
         """One bounded read of the live rows into the cache (raises on failure)."""
-        params = {"timeout_ms": str(max(1, int(self.timeout * 1000)))}
+        timeout_ms = str(max(1, int(self.timeout * 1000)))
         with anyio.fail_after(self.timeout + 1):
             async with atomic(self.db) as conn:
-                await execute(conn, _sql.statement("metrics_statement_timeout", self.schema), params)
-                cur = await execute(conn, _sql.statement("queue_depth_by_tenant", self.schema))
-                rows = await cur.fetchall()
+                await _gw.bound_statement_timeout(conn, self.schema, timeout_ms=timeout_ms)
+                rows = await _gw.queue_depth_by_tenant(conn, self.schema)
         found: dict[str, tuple[int, int, float]] = {}
-        for tenant, status, runs, oldest in rows:
-            queued, running, age = found.get(tenant, (0, 0, math.nan))
-            if status == "queued":
-                queued, age = int(runs), float(oldest)
+        for row in rows:
+            queued, running, age = found.get(row.tenant, (0, 0, math.nan))
+            if row.status == "queued":
+                queued, age = row.runs, row.oldest_seconds
             else:
-                running = int(runs)
-            found[tenant] = (queued, running, age)
+                running = row.runs
+            found[row.tenant] = (queued, running, age)
         self._cache = (time.monotonic(), found)
         self._seen |= found.keys()
         self.refreshes += 1

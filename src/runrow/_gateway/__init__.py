@@ -4,3 +4,16 @@ Each module is the part of the gateway one service or API uses. Its functions ta
 connection (and the schema), bind named parameters, and return typed records, never
 positional rows. Statements run through :func:`._exec.execute`, which keeps JIT off.
 """
+
+from __future__ import annotations
+
+from .. import _sql
+
+__all__ = ["statement_text"]
+
+
+def statement_text(name: str, schema: str) -> bytes:
+    """The named statement exactly as runrow sends it for ``schema``, for the tests and
+    benchmarks that EXPLAIN, prepare or time it raw (runrow's own code calls the typed
+    functions of the gateway's modules instead)."""
+    return _sql.statement(name, schema)

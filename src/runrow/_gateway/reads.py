@@ -1,0 +1,97 @@
+"""Reads of runs and transcripts for the API (get_run, list_runs, queue_stats, transcript)
+and the recent throughput that enqueue's retry-after hint and queue_position use."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+from psycopg.rows import args_row, class_row
+
+from .. import _sql
+from .._models import Message, RunInfo
+from ._exec import execute
+
+if TYPE_CHECKING:
+    import uuid
+    from datetime import datetime
+
+    from psycopg import AsyncConnection
+
+
+class StatusCount(NamedTuple):
+    """Runs of one status (live, or finished in the last hour); the oldest queued one's age."""
+
+    status: str
+    runs: int
+    oldest_queued_seconds: float | None
+
+
+class Throughput(NamedTuple):
+    """Runs finished in the window, those of one tenant, and their average duration."""
+
+    finished: int
+    tenant_finished: int
+    avg_run_seconds: float | None
+
+
+async def get_run(conn: AsyncConnection, schema: str, *, run_id: uuid.UUID) -> RunInfo | None:
+    """The run's row, or None if there is none."""
+    cur = conn.cursor(row_factory=class_row(RunInfo))
+    await execute(conn, _sql.statement("get_run", schema), {"run_id": run_id}, cursor=cur)
+    return await cur.fetchone()
+
+
+async def list_runs(
+    conn: AsyncConnection, schema: str, *, conversation_id: str | None, status: str | None, limit: int
+) -> list[RunInfo]:
+    """Runs, newest first, optionally of one conversation and/or one status."""
+    cur = conn.cursor(row_factory=class_row(RunInfo))
+    await execute(
+        conn,
+        _sql.statement("list_runs", schema),
+        {"conversation_id": conversation_id, "status": status, "limit": limit},
+        cursor=cur,
+    )
+    return await cur.fetchall()
+
+
+async def transcript(
+    conn: AsyncConnection, schema: str, *, conversation_id: str, run_id: uuid.UUID | None = None
+) -> list[Message]:
+    """The conversation's messages in turn order, drafts excluded (up to ``run_id``'s turn if given)."""
+    cur = conn.cursor(row_factory=args_row(Message))
+    await execute(
+        conn,
+        _sql.statement("transcript", schema),
+        {"conversation_id": conversation_id, "run_id": run_id},
+        cursor=cur,
+    )
+    return await cur.fetchall()
+
+
+async def stats(conn: AsyncConnection, schema: str) -> list[StatusCount]:
+    """Run counts per status (live, or finished in the last hour) and the oldest queued age."""
+    cur = await execute(conn, _sql.statement("stats", schema))
+    return [
+        StatusCount(status, int(runs), None if oldest is None else float(oldest))
+        for status, runs, oldest in await cur.fetchall()
+    ]
+
+
+async def throughput(
+    conn: AsyncConnection,
+    schema: str,
+    *,
+    tenant_id: str | None,
+    window_seconds: float,
+    now: datetime | None,
+) -> Throughput:
+    """Runs finished in the last ``window_seconds`` (before ``now``, default the database's)."""
+    cur = await execute(
+        conn,
+        _sql.statement("throughput", schema),
+        {"tenant_id": tenant_id, "window_seconds": window_seconds, "now": now},
+    )
+    row = await cur.fetchone()
+    assert row is not None  # an aggregate always yields one row
+    return Throughput(int(row[0]), int(row[1]), row[2])

@@ -1,0 +1,183 @@
+"""Submitting turns: enqueue (its gate and admission lock), idempotent repeats, retries."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+from .. import _sql
+from ._exec import execute
+
+if TYPE_CHECKING:
+    import uuid
+    from datetime import datetime
+
+    from psycopg import AsyncConnection
+
+    from .._models import RunStatus
+
+
+class RunRef(NamedTuple):
+    """What an enqueue or a retry reports of its run."""
+
+    id: uuid.UUID
+    status: RunStatus
+    conversation_id: str
+    user_message_id: uuid.UUID
+    created_at: datetime
+
+
+class Admission(NamedTuple):
+    """enqueue's answer: the new run (None when nothing was written) and what the gate saw."""
+
+    run: RunRef | None
+    admitted: bool
+    busy: bool | None
+    tenant_queued: int | None
+    conversation_queued: int | None
+
+
+class IdempotentRun(NamedTuple):
+    """The run an idempotency key names, and which of the turn's inputs differ from a repeat's."""
+
+    run: RunRef
+    other_conversation: bool
+    other_tenant: bool
+    other_content: bool
+    other_request: bool
+
+
+class RetrySource(NamedTuple):
+    """Why a run was not retried: its status, and whether trim deleted its request."""
+
+    status: RunStatus
+    trimmed: bool
+
+
+async def admission_lock(
+    conn: AsyncConnection, schema: str, *, tenant_lock: str | None, conversation_lock: str | None
+) -> None:
+    """Takes the gated enqueue's advisory locks (tenant, then conversation; None takes none)."""
+    await execute(
+        conn,
+        _sql.statement("admission_lock", schema),
+        {"tenant_lock": tenant_lock, "conversation_lock": conversation_lock},
+    )
+
+
+async def enqueue(
+    conn: AsyncConnection,
+    schema: str,
+    *,
+    conversation_id: str,
+    user_id: str,
+    tenant_id: str | None,
+    idempotency_key: str | None,
+    content: str,
+    request: str | None,
+    priority: int,
+    not_before_at: datetime | None,
+    not_before_in: float | None,
+    deadline_at: datetime | None,
+    deadline_in: float | None,
+    max_queued_tenant: int | None,
+    max_queued_conversation: int | None,
+    reject_if_busy: bool,
+    wake_channel: str,
+    conversation_lock: str,
+) -> Admission:
+    """Writes the message, the run, journal events 1-2 and the wake in one statement, if admitted."""
+    cur = await execute(
+        conn,
+        _sql.statement("enqueue", schema),
+        {
+            "conversation_id": conversation_id,
+            "user_id": user_id,
+            "tenant_id": tenant_id,
+            "idempotency_key": idempotency_key,
+            "content": content,
+            "request": request,
+            "priority": priority,
+            "not_before_at": not_before_at,
+            "not_before_in": not_before_in,
+            "deadline_at": deadline_at,
+            "deadline_in": deadline_in,
+            "max_queued_tenant": max_queued_tenant,
+            "max_queued_conversation": max_queued_conversation,
+            "reject_if_busy": reject_if_busy,
+            "wake_channel": wake_channel,
+            "conversation_lock": conversation_lock,
+        },
+    )
+    row = await cur.fetchone()
+    assert row is not None  # the gate always yields one row
+    rid, status, conv, message_id, created_at, _woke, admitted, busy, tenant_queued, conv_queued = row
+    run = None if rid is None else RunRef(rid, status, conv, message_id, created_at)
+    return Admission(run, admitted, busy, tenant_queued, conv_queued)
+
+
+async def find_idempotent(
+    conn: AsyncConnection,
+    schema: str,
+    *,
+    user_id: str,
+    idempotency_key: str | None,
+    conversation_id: str,
+    tenant_id: str | None,
+    content: str,
+    request: str | None,
+) -> IdempotentRun | None:
+    """The run the user's key already names, compared with this turn; None if there is none."""
+    cur = await execute(
+        conn,
+        _sql.statement("find_idempotent", schema),
+        {
+            "user_id": user_id,
+            "idempotency_key": idempotency_key,
+            "conversation_id": conversation_id,
+            "tenant_id": tenant_id,
+            "content": content,
+            "request": request,
+        },
+    )
+    row = await cur.fetchone()
+    if row is None:
+        return None
+    rid, status, conv, message_id, created_at, other_conv, other_tenant, other_content, other_request = row
+    return IdempotentRun(
+        RunRef(rid, status, conv, message_id, created_at),
+        other_conv,
+        other_tenant,
+        other_content,
+        other_request,
+    )
+
+
+async def retry(
+    conn: AsyncConnection, schema: str, *, run_id: uuid.UUID, wake_channel: str, conversation_lock_prefix: str
+) -> RunRef | None:
+    """Queues a retry of a failed or cancelled run; None if it was not retried (now)."""
+    cur = await execute(
+        conn,
+        _sql.statement("retry", schema),
+        {
+            "run_id": run_id,
+            "wake_channel": wake_channel,
+            "conversation_lock_prefix": conversation_lock_prefix,
+        },
+    )
+    row = await cur.fetchone()
+    return None if row is None else RunRef(row[0], row[1], row[2], row[3], row[4])
+
+
+async def find_retry(conn: AsyncConnection, schema: str, *, run_id: uuid.UUID) -> RunRef | None:
+    """The retry of ``run_id``, if it has one."""
+    cur = await execute(conn, _sql.statement("find_retry", schema), {"run_id": run_id})
+    row = await cur.fetchone()
+    return None if row is None else RunRef(*row)
+
+
+async def retry_source(conn: AsyncConnection, schema: str, *, run_id: uuid.UUID) -> RetrySource | None:
+    """The run's status and whether it was trimmed; None if there is no such run."""
+    cur = await execute(conn, _sql.statement("retry_source", schema), {"run_id": run_id})
+    row = await cur.fetchone()
+    return None if row is None else RetrySource(*row)
