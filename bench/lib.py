@@ -18,7 +18,7 @@ import psycopg
 from psycopg import sql
 
 import runrow
-from runrow import _sql
+from runrow._gateway import endings, journal, statement_text
 from runrow._names import Channels
 
 if TYPE_CHECKING:
@@ -321,37 +321,38 @@ class Bench:
 
 def statement(name: str, schema: str) -> bytes:
     """A runrow SQL statement (sql/*.sql) rendered for ``schema``: the bare baselines run these."""
-    return _sql.statement(name, schema)
+    return statement_text(name, schema)
+
+
+_COMPLETED = '{"status": "completed"}'
 
 
 def finalize_params(
     ch: Channels, ends: list[tuple[Any, Any, int]], *, partial: str | None = None
 ) -> dict[str, Any]:
-    """The finalize statement's parameters for runs completed with no error:
-    ``ends`` is (run id, claim token, seq of the terminal event) per run."""
-    runs = [
-        {"id": str(r), "token": str(t), "status": "completed", "error": None, "partial": partial}
-        for r, t, _ in ends
-    ]
-    events = [
-        {"run_id": str(r), "seq": seq, "type": "complete", "payload": '{"status": "completed"}'}
-        for r, _, seq in ends
-    ]
-    return {
-        "runs": json.dumps(runs),
-        "events": json.dumps(events),
-        "events_prefix": ch.events_prefix,
-        "wake_channel": ch.wake,
-    }
+    """The finalize statement's parameters (built by runrow's gateway) for runs completed
+    with no error: ``ends`` is (run id, claim token, seq of the terminal event) per run."""
+    return endings.finalize_params(
+        [
+            endings.Ending(
+                run_id=r,
+                claim_token=t,
+                status="completed",
+                error=None,
+                partial=partial,
+                events=[(seq, "complete", _COMPLETED)],
+            )
+            for r, t, seq in ends
+        ],
+        ch,
+    )
 
 
 def append_params(ch: Channels, rows: list[tuple[Any, Any, int, str, str]]) -> dict[str, Any]:
-    """The append_events statement's parameters: (run id, token, seq, type, payload JSON)."""
-    events = [
-        {"run_id": str(r), "token": str(t), "seq": seq, "type": etype, "payload": payload}
-        for r, t, seq, etype, payload in rows
-    ]
-    return {"events": json.dumps(events), "events_prefix": ch.events_prefix, "notify": True}
+    """The append_events statement's parameters (built by runrow's gateway): (run id,
+    token, seq, type, payload JSON) per event, one run's events in a row."""
+    batch = [journal.Appended(r, t, [(seq, etype, payload)]) for r, t, seq, etype, payload in rows]
+    return journal.append_params(batch, ch)
 
 
 def channels(schema: str) -> Channels:

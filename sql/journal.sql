@@ -26,6 +26,7 @@ ORDER BY seq
 LIMIT %(limit)s
 
 -- name: run_terminal_state
+-- (Event names and payloads: the vocabulary in src/runrow/_events.py.)
 -- The run's status, whether its journal holds its ending (a trimmed one does not), and
 -- its last seq (NULL once trimmed): a tail's cursor past it is refused.
 SELECT status, error,

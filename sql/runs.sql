@@ -3,6 +3,7 @@
 -- Worker writes are fenced: run id AND claim_token AND status = 'running'.
 
 -- name: enqueue
+-- (Event names and payloads: the vocabulary in src/runrow/_events.py.)
 -- Message, run, journal seq 1-2 and the queue wake in one statement (one round trip,
 -- one transaction). With an idempotency key that already exists, nothing is written.
 -- The gate: with %(max_queued_tenant)s / %(max_queued_conversation)s (NULL: no limit)
@@ -383,6 +384,7 @@ SELECT cancel_requested FROM {schema}.agent_run
 WHERE id = %(run_id)s AND claim_token = %(claim_token)s AND status = 'running'
 
 -- name: finalize
+-- (Event names and payloads: the vocabulary in src/runrow/_events.py.)
 -- Terminal writes of one or more runs: pending journal rows, the terminal event, any
 -- streamed text not yet in the transcript, the status, and the wakes, all or nothing.
 -- A run missing from the result was already ended by someone else: stand down.
@@ -437,6 +439,7 @@ SELECT fin.id,
 FROM fin
 
 -- name: ending_landed
+-- (Event names and payloads: the vocabulary in src/runrow/_events.py.)
 -- After an ending's answer was lost (connection cut) and its retry's fence matched
 -- nothing: had the lost attempt committed? Only this claim's own ending leaves the run
 -- with this status, this claim token and exactly this terminal event at this seq (the
@@ -461,6 +464,7 @@ ORDER BY claim_expires_at
 LIMIT %(limit)s
 
 -- name: reap
+-- (Event names and payloads: the vocabulary in src/runrow/_events.py.)
 -- Fails (or, when a stop was asked for, cancels) runs whose worker is gone, or that ran
 -- past their deadline without their worker ending them. The conditions are re-checked
 -- inside the write, so a heartbeat that landed after the candidates were read wins. The
@@ -528,6 +532,7 @@ SELECT fin.id, fin.conversation_id, fin.status, fin.worker_id,
 FROM fin
 
 -- name: retry
+-- (Event names and payloads: the vocabulary in src/runrow/_events.py.)
 -- A new run for the same user message, linked to the failed or cancelled one. At most
 -- one retry per run (unique index on retry_of): a second call returns nothing here.
 -- Like enqueue, it takes the conversation's advisory lock before its queue_order is
@@ -601,6 +606,7 @@ FOR UPDATE
 SELECT id, status, conversation_id FROM {schema}.agent_run WHERE id = %(run_id)s FOR UPDATE
 
 -- name: cancel_queued
+-- (Event names and payloads: the vocabulary in src/runrow/_events.py.)
 -- Queued turns never started: cancel them outright, turn their user message back into
 -- a draft for the composer, and journal their one terminal event.
 WITH c AS (

@@ -54,9 +54,6 @@ def test_migrations_are_numbered_without_gaps() -> None:
 # Allowed to name _sql: the loader itself, the gateway, and this file (it tests the loader).
 _SQL_ALLOWED = ("src/runrow/_sql.py", "src/runrow/_gateway/", "tests/test_sql_catalogue.py")
 
-# Still to be converted by the worker engine's refactoring (statements the engine owns).
-_ENGINE_PENDING = ("src/runrow/_engine/", "tests/manual.py", "bench/lib.py", "tests/test_deadline.py")
-
 
 def _references_sql(source: str, module: str) -> list[int]:
     """Lines of ``source`` (the module ``module``) that import or name ``runrow._sql``,
@@ -117,13 +114,6 @@ def test_the_gateway_check_sees_every_way_to_reach_sql() -> None:
         assert not _references_sql(source, module), source
 
 
-def test_nothing_new_reaches_sql_outside_the_gateway() -> None:
-    """Holds now: what still loads SQL outside the gateway is only the engine's part."""
-    others = [o for o in _sql_offenders() if not o.startswith(_ENGINE_PENDING)]
-    assert not others, f"only runrow/_gateway may use runrow._sql: {others}"
-
-
-@pytest.mark.xfail(strict=True, reason="engine not converted yet")
 def test_only_the_gateway_reaches_sql() -> None:
     offenders = _sql_offenders()
     assert not offenders, f"only runrow/_gateway may use runrow._sql: {offenders}"

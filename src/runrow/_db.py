@@ -11,12 +11,9 @@ from psycopg import AsyncConnection
 from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool
 
-from ._gateway import schema as _schema
-from ._gateway._exec import configure_own, execute, jit_off_session, own_transaction
-
-# (execute, configure_own and jit_off_session are re-exported while callers move to the gateway.)
-__all__ = ["configure_own", "execute", "jit_off_session"]
 from ._errors import InvalidInput, SchemaOutOfDate
+from ._gateway import schema as _schema
+from ._gateway._exec import own_transaction
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable

@@ -9,12 +9,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 import anyio
 import psycopg
 
-from .. import _json, _sql
-from .._db import describe, execute, statement_conn
+from .. import _json
+from .._db import describe, statement_conn
 from .._errors import InvalidInput, LeaseLost
 from .._events import CONTENT_DELTA
-from .._gateway import messages
-from .._models import Message
+from .._gateway import messages, reads
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Mapping
@@ -25,6 +24,7 @@ if TYPE_CHECKING:
 
     from .._engine.journal_writer import JournalWriter
     from .._gateway.claims import ClaimedRun
+    from .._models import Message
     from .settings import Settings
 
 __all__ = ["Agent", "RunContext", "RunHost"]
@@ -205,12 +205,9 @@ class RunContext:
         run's to answer). A retry reads the conversation as of the turn it retries.
         """
         async with statement_conn(self._host.pool()) as conn:
-            cur = await execute(
-                conn,
-                _sql.statement("transcript", self._host.settings.schema),
-                {"conversation_id": self.conversation_id, "run_id": self.run_id},
+            return await reads.transcript(
+                conn, self._host.settings.schema, conversation_id=self.conversation_id, run_id=self.run_id
             )
-            return [Message(*r) for r in await cur.fetchall()]
 
 
 class Agent(Protocol):

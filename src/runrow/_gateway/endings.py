@@ -4,7 +4,7 @@ and the bounds it sets around them (``ending_budget*``, ``sql/session.sql``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .. import _sql
 from ._exec import execute
@@ -34,21 +34,10 @@ class Ending:
     events: Sequence[EventRow]
 
 
-async def finalize(
-    conn: AsyncConnection,
-    schema: str,
-    endings: Sequence[Ending],
-    *,
-    channels: Channels,
-    local_bound_ms: int | None = None,
-    session_bound_ms: int | None = None,
-) -> set[uuid.UUID]:
-    """Writes the endings in one statement, each fenced by its claim; returns the runs
-    whose ending landed. ``local_bound_ms`` bounds this statement alone (a setting local
-    to its implicit transaction, pipelined ahead of it: same round trip, and JIT off);
-    ``session_bound_ms`` sets the bound for the connection's session first (undo it
-    with :func:`unset_session_bound` before the connection serves anything else)."""
-    params = {
+def finalize_params(endings: Sequence[Ending], channels: Channels) -> dict[str, Any]:
+    """The ``finalize`` statement's parameters for ``endings`` (the benchmarks' bare loops
+    send them too)."""
+    return {
         "runs": batch_json(
             {
                 "id": str(e.run_id),
@@ -67,6 +56,23 @@ async def finalize(
         "events_prefix": channels.events_prefix,
         "wake_channel": channels.wake,
     }
+
+
+async def finalize(
+    conn: AsyncConnection,
+    schema: str,
+    endings: Sequence[Ending],
+    *,
+    channels: Channels,
+    local_bound_ms: int | None = None,
+    session_bound_ms: int | None = None,
+) -> set[uuid.UUID]:
+    """Writes the endings in one statement, each fenced by its claim; returns the runs
+    whose ending landed. ``local_bound_ms`` bounds this statement alone (a setting local
+    to its implicit transaction, pipelined ahead of it: same round trip, and JIT off);
+    ``session_bound_ms`` sets the bound for the connection's session first (undo it
+    with :func:`unset_session_bound` before the connection serves anything else)."""
+    params = finalize_params(endings, channels)
     cur = conn.cursor()
     if local_bound_ms is None and session_bound_ms is None:
         await cur.execute(_sql.statement("finalize", schema), params)

@@ -46,21 +46,25 @@ def batch_json(rows: Iterable[dict[str, Any]]) -> str:
     return json.dumps(list(rows), ensure_ascii=False, separators=(",", ":"))
 
 
+def append_params(batch: Sequence[Appended], channels: Channels, *, notify: bool = True) -> dict[str, Any]:
+    """The ``append_events`` statement's parameters for ``batch`` (the benchmarks' bare
+    loops send them too)."""
+    events = batch_json(
+        {"run_id": str(a.run_id), "token": str(a.claim_token), "seq": seq, "type": etype, "payload": payload}
+        for a in batch
+        for seq, etype, payload in a.events
+    )
+    return {"events": events, "events_prefix": channels.events_prefix, "notify": notify}
+
+
 async def append(
     conn: AsyncConnection, schema: str, batch: Sequence[Appended], *, channels: Channels, notify: bool = True
 ) -> set[uuid.UUID]:
     """Appends every run's events in one statement, each fenced by its claim; returns
     the runs whose events landed (a run missing lost its claim). ``notify=False`` drops
     the per-run NOTIFY (tails then poll); it exists to measure what the NOTIFY costs."""
-    events = batch_json(
-        {"run_id": str(a.run_id), "token": str(a.claim_token), "seq": seq, "type": etype, "payload": payload}
-        for a in batch
-        for seq, etype, payload in a.events
-    )
     cur = await execute(
-        conn,
-        _sql.statement("append_events", schema),
-        {"events": events, "events_prefix": channels.events_prefix, "notify": notify},
+        conn, _sql.statement("append_events", schema), append_params(batch, channels, notify=notify)
     )
     return {row[0] for row in await cur.fetchall()}
 
