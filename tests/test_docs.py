@@ -132,3 +132,32 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
         check=False,
     )
     assert out.returncode == 0, out.stderr[-3000:]
+
+
+def test_every_test_the_docs_cite_exists() -> None:
+    """The guarantees page (and any page) cites tests as ``test_file.py::test_name``, and
+    names after it in the same cell as bare ``test_name``: each must still exist there,
+    so a test that moves or is renamed takes its citation along."""
+    tests = DOCS.parent / "tests"
+    defined: dict[str, set[str]] = {}
+    for path in tests.rglob("test_*.py"):
+        names = {
+            n.name
+            for n in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+        }
+        defined.setdefault(path.name, set()).update(names)
+    cited = 0
+    for page in DOCS.rglob("*.md"):
+        for line in page.read_text(encoding="utf-8").splitlines():
+            for cell in line.split("|"):
+                current = None
+                for m in re.finditer(r"`(?:(test_\w+\.py)::)?(test_\w+)(?:\[[^\]]*\])?`", cell):
+                    current = m.group(1) or current
+                    if current is None:
+                        continue
+                    cited += 1
+                    assert m.group(2) in defined.get(current, set()), (
+                        f"{page.name}: {current}::{m.group(2)} does not exist"
+                    )
+    assert cited > 50
