@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import uuid
 from datetime import timedelta
+from typing import Any
 
 import anyio
 import psycopg
@@ -788,6 +790,73 @@ async def test_bad_configuration_is_refused(dsn: str, schema: str) -> None:
         runrow.Dispatcher(dsn, agent, schema=schema, poll=0)
     with pytest.raises(runrow.InvalidInput):
         runrow.Dispatcher(dsn, "not callable", schema=schema)  # type: ignore[arg-type]
+
+
+def _sync_agent(run: runrow.RunContext) -> None:
+    return None
+
+
+async def _two_args(run: runrow.RunContext, extra: int) -> None:
+    return None
+
+
+async def _no_args() -> None:
+    return None
+
+
+class _SyncCallable:
+    def __call__(self, run: runrow.RunContext) -> None:
+        return None
+
+
+@pytest.mark.parametrize(
+    "agent",
+    [_sync_agent, _two_args, _no_args, _SyncCallable(), lambda run: None],
+    ids=["def", "two-args", "no-args", "sync-callable-object", "lambda"],
+)
+def test_an_agent_that_cannot_be_awaited_with_one_run_is_refused_at_once(agent: Any) -> None:
+    """A plain function (or one with the wrong signature) used to be accepted, and then
+    every run it was given failed with TypeError. It is refused when the Dispatcher is
+    built, with a message that says what an agent must be."""
+    with pytest.raises(runrow.InvalidInput, match=r"agent.*async def"):
+        runrow.Dispatcher("dbname=unused", agent)
+
+
+class _AsyncCallable:
+    async def __call__(self, run: runrow.RunContext) -> None:
+        return None
+
+
+async def _with_default(run: runrow.RunContext, extra: int = 1) -> None:
+    return None
+
+
+@pytest.mark.parametrize(
+    "agent",
+    [_with_default, _AsyncCallable(), functools.partial(_two_args, extra=1)],
+    ids=["default-arg", "async-callable-object", "partial"],
+)
+def test_every_async_agent_shape_is_accepted(agent: Any) -> None:
+    runrow.Dispatcher("dbname=unused", agent)
+
+
+async def test_a_failed_run_logs_its_error(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def agent(run: runrow.RunContext) -> None:
+        raise ValueError("model exploded")
+
+    with caplog.at_level(logging.INFO, logger="runrow.dispatcher"):
+        async with runrow.Dispatcher(dsn, agent, schema=schema, **FAST):
+            run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="hi")
+            await wait_for(lambda: is_terminal(conn, schema, run.id), what="terminal")
+            await wait_for(
+                lambda: any(f"run {run.id} failed" in r.getMessage() for r in caplog.records),
+                what="the log line",
+            )
+    (line,) = [r for r in caplog.records if f"run {run.id} failed" in r.getMessage()]
+    assert "ValueError: model exploded" in line.getMessage()
+    assert line.levelno == logging.WARNING
 
 
 @pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan])

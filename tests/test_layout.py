@@ -159,3 +159,18 @@ def test_the_sql_speaks_the_event_vocabulary() -> None:
     ):
         assert f"'{name}'" in text, f"no SQL statement spells the event name {name!r}"
     assert "runrow/_events.py" in text, "the SQL's event literals should point at runrow/_events.py"
+
+
+def test_no_module_shares_a_public_name() -> None:
+    """``runrow.enqueue`` is the function, and no module hides behind it (``import
+    runrow.enqueue`` finds nothing); implementation modules are private."""
+    import importlib.util
+
+    import runrow
+
+    for name in runrow.__all__:
+        assert importlib.util.find_spec(f"runrow.{name}") is None, f"runrow.{name} is also a module"
+    public_modules = {"runrow", "runrow.cli", "runrow.embedded", "runrow.metrics", "runrow.tracing"}
+    for name in _modules():
+        top = name.split(".")[1] if "." in name else ""
+        assert name in public_modules or top.startswith("_") or top == "demo", f"{name} should be private"

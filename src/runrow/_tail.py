@@ -54,7 +54,7 @@ async def tail(
     a hub (or while it is down) it polls every ``poll`` seconds. With one, an idle tail
     waits for a notification, reading again at most every ``keepalive`` seconds; once a
     read finds rows that came without a notification (a hub behind a transaction
-    pooler, a dispatcher with ``journal_notify=False``), it polls every ``poll`` seconds
+    pooler, a dispatcher whose flushes announce nothing), it polls every ``poll`` seconds
     until rows come announced again. A ``from_seq`` past the last event of the run's journal raises
     :class:`InvalidInput` (a trimmed journal ends with a synthesised event instead).
     Given a conninfo string, it keeps one connection of its own;
@@ -80,7 +80,7 @@ async def tail(
         # A connected hub's hints are trusted (an idle tail then waits for one, up to
         # the keepalive: a thousand tails of queued runs cost a read each per keepalive)
         # until a read finds rows that came without one, the evidence of a hub that
-        # hears nothing for this run (journal_notify=False, a hub behind pgbouncer):
+        # hears nothing for this run (unannounced flushes, a hub behind pgbouncer):
         # then the tail polls, until rows come announced again.
         trusted = True
         caught_up = False  # rows of the first read predate the subscription: no evidence

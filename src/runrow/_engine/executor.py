@@ -203,11 +203,17 @@ class Executor:
             return
         # The task ends here; the ending writer reports back.
         self._endings.hand_over(
-            active, status, error, functools.partial(self._ended, active, status, started, extra)
+            active, status, error, functools.partial(self._ended, active, status, error, started, extra)
         )
 
     def _ended(
-        self, active: ActiveRun, status: str, started: float, extra: dict[str, str], landed: bool
+        self,
+        active: ActiveRun,
+        status: str,
+        error: dict[str, Any] | None,
+        started: float,
+        extra: dict[str, str],
+        landed: bool,
     ) -> None:
         """The run's ending landed (or failed for good): report it and let the run go.
         Called from the ending writer's task (or a retry's), not the run's."""
@@ -218,7 +224,17 @@ class Executor:
             self._observe(lambda o: o.run_finished(ctx, status=status, seconds=took, recorded=landed))
             if landed:
                 self._stats[status] += 1
-                log.info("run %s %s", active.id, status, extra={**extra, "status": status})
+                if error is None:
+                    log.info("run %s %s", active.id, status, extra={**extra, "status": status})
+                else:  # what failed it, in the line itself (the message is bounded: see _failure)
+                    log.warning(
+                        "run %s %s: %s: %s",
+                        active.id,
+                        status,
+                        error.get("type"),
+                        error.get("message"),
+                        extra={**extra, "status": status},
+                    )
             else:
                 log.warning(
                     "run %s: ending %s not recorded (claim lost or database unreachable)",

@@ -1,0 +1,191 @@
+"""A/B: two checkouts' Dispatchers, alternated round by round on one server.
+
+For a refactor whose promise is "same speed": each round runs side A and side B (in
+alternating order, so drift on a shared machine falls on both), each in a fresh child
+process that imports runrow from its own ``src`` directory and drains the same work on
+its own schema. It reports the median over rounds per case and B/A.
+
+    python bench/ab.py --a /path/to/old/src --b src --rounds 6
+
+Cases: ``core cN`` (no-op runs, one conversation each, ``Dispatcher(concurrency=N)``,
+runs/s), ``full cN`` (the same with two journal events per run), ``wake`` (enqueue commit
+to the agent's start on an idle worker with a hub, ms) and ``cancel`` (``cancel_run``
+commit to the agent seeing its cancellation, ms). The child uses only API that both
+sides share (``enqueue``, ``cancel_run``, ``Dispatcher``, ``migrate``), so any two
+checkouts since the split of the engine (#19) and before it can be compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+CONCURRENCIES = (1, 4, 16)
+
+
+# -- the child: one side, one round ---------------------------------------------------
+
+
+async def _child(conninfo: str, schema: str, runs: int, samples: int) -> dict[str, float]:
+    import anyio
+
+    import runrow
+
+    await runrow.migrate(conninfo, schema=schema)
+    results: dict[str, float] = {}
+    timing = {"poll": 1.0, "lease": 30.0, "heartbeat": 10.0}
+    done = [0]
+    started: dict[str, float] = {}
+    cancelled: dict[str, float] = {}
+
+    async def agent(run: runrow.RunContext) -> None:
+        op = run.content["op"]
+        if op == "full":
+            await run.text("x")
+            await run.emit({"type": "tool_call", "name": "noop"})
+        elif op == "wake":
+            started[str(run.run_id)] = time.monotonic()
+        elif op == "hold":
+            started[str(run.run_id)] = time.monotonic()
+            try:
+                await anyio.sleep_forever()
+            finally:
+                cancelled[str(run.run_id)] = time.monotonic()
+        done[0] += 1
+
+    async def enqueue(n: int, op: str, prefix: str) -> None:
+        import psycopg
+
+        conns = [await psycopg.AsyncConnection.connect(conninfo, autocommit=True) for _ in range(8)]
+        try:
+
+            async def worker(k: int) -> None:
+                for i in range(k, n, 8):
+                    await runrow.enqueue(
+                        conns[k],
+                        conversation_id=f"{prefix}{i}",
+                        user_id="u",
+                        content={"op": op},
+                        schema=schema,
+                    )
+
+            async with anyio.create_task_group() as tg:
+                for k in range(8):
+                    tg.start_soon(worker, k)
+        finally:
+            for c in conns:
+                await c.close()
+
+    for op in ("noop", "full"):
+        for c in CONCURRENCIES:
+            n = runs * max(1, c // 4) if c > 1 else runs // 2
+            await enqueue(n, op, f"{op}{c}-")
+            done[0] = 0
+            async with runrow.Dispatcher(conninfo, agent, schema=schema, concurrency=c, **timing):
+                t0 = time.monotonic()
+                while done[0] < n:
+                    await anyio.sleep(0.002)
+                elapsed = time.monotonic() - t0
+            results[f"{'core' if op == 'noop' else 'full'} c{c}"] = n / elapsed
+
+    async with runrow.Dispatcher(conninfo, agent, schema=schema, concurrency=4, **timing):
+        await anyio.sleep(0.5)  # the hub is listening and the claimer idle
+        wakes = []
+        for i in range(samples):
+            t0 = time.monotonic()
+            run = await runrow.enqueue(
+                conninfo, conversation_id=f"w{i}", user_id="u", content={"op": "wake"}, schema=schema
+            )
+            with anyio.fail_after(10):
+                while str(run.id) not in started:
+                    await anyio.sleep(0.0005)
+            wakes.append((started[str(run.id)] - t0) * 1000)
+            await anyio.sleep(0.05)
+        cancels = []
+        for i in range(max(4, samples // 3)):
+            run = await runrow.enqueue(
+                conninfo, conversation_id=f"h{i}", user_id="u", content={"op": "hold"}, schema=schema
+            )
+            with anyio.fail_after(10):
+                while str(run.id) not in started:
+                    await anyio.sleep(0.0005)
+            t0 = time.monotonic()
+            await runrow.cancel_run(conninfo, run.id, schema=schema)
+            with anyio.fail_after(10):
+                while str(run.id) not in cancelled:
+                    await anyio.sleep(0.0005)
+            cancels.append((cancelled[str(run.id)] - t0) * 1000)
+    results["wake p50 ms"] = statistics.median(wakes)
+    results["cancel p50 ms"] = statistics.median(cancels)
+    return results
+
+
+# -- the parent -------------------------------------------------------------------------
+
+
+def _run_side(src: Path, conninfo: str, schema: str, runs: int, samples: int) -> dict[str, float]:
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    cmd = [sys.executable, __file__, "--child", conninfo, schema, str(runs), str(samples)]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, timeout=900)
+    if out.returncode != 0:
+        raise RuntimeError(f"side {src} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--a", required=True, type=Path, help="side A's src directory (the baseline)")
+    parser.add_argument("--b", required=True, type=Path, help="side B's src directory")
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--runs", type=int, default=1200, help="runs drained per case at c=4 (scaled by c)")
+    parser.add_argument("--samples", type=int, default=30, help="wake samples per round (a third for cancel)")
+    parser.add_argument("--json", type=Path, help="write every round's figures here")
+    args = parser.parse_args()
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+    from runrow.embedded import EmbeddedPostgres
+
+    per: dict[str, dict[str, list[float]]] = {"a": {}, "b": {}}
+    with EmbeddedPostgres() as pg:
+        conninfo = pg.conninfo()
+        for r in range(args.rounds):
+            order = ("a", "b") if r % 2 == 0 else ("b", "a")
+            for side in order:
+                src = args.a if side == "a" else args.b
+                got = _run_side(src.resolve(), conninfo, f"ab_{side}{r}", args.runs, args.samples)
+                for case, value in got.items():
+                    per[side].setdefault(case, []).append(value)
+                print(
+                    f"round {r + 1} {side}: " + ", ".join(f"{k} {v:,.1f}" for k, v in got.items()), flush=True
+                )
+    print(f"\n{'case':<16}{'A median':>12}{'B median':>12}{'B/A':>8}   A rounds | B rounds")
+    summary: dict[str, Any] = {}
+    for case in per["a"]:
+        a, b = statistics.median(per["a"][case]), statistics.median(per["b"][case])
+        summary[case] = {"a": per["a"][case], "b": per["b"][case], "ratio": b / a}
+        fa = " ".join(f"{v:,.0f}" if v > 50 else f"{v:.1f}" for v in per["a"][case])
+        fb = " ".join(f"{v:,.0f}" if v > 50 else f"{v:.1f}" for v in per["b"][case])
+        print(f"{case:<16}{a:>12,.1f}{b:>12,.1f}{b / a:>8.3f}   {fa} | {fb}")
+    if args.json:
+        args.json.write_text(json.dumps({"a": str(args.a), "b": str(args.b), "cases": summary}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        import anyio
+
+        conninfo, schema, runs, samples = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+        figures = anyio.run(_child, conninfo, schema, runs, samples, backend="asyncio")
+        print(json.dumps(figures), flush=True)
+        sys.exit(0)
+    sys.exit(main())
