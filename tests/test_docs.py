@@ -132,6 +132,25 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
         check=False,
     )
     assert out.returncode == 0, out.stderr[-3000:]
+    site = tmp_path / "site"
+    pages = {p: p.read_text(encoding="utf-8") for p in site.rglob("*.html")}
+    assert len(pages) > 10
+    role = re.compile(r":(?:class|func|meth|attr|exc|data|mod|obj):(?:<code>|`)")
+    for path, html in pages.items():
+        # A docstring's Sphinx role shows as raw text unless the build turns it into a link.
+        assert not role.search(html), f"{path.relative_to(site)} shows a raw Sphinx role: {role.search(html)}"
+        # Offline: nothing is fetched from another host (no web fonts, no CDN scripts).
+        external = re.findall(r"""<(?:link|script)[^>]+(?:href|src)=["'](https?://[^"']+)""", html)
+        assert not external, f"{path.relative_to(site)} fetches {external}"
+        # The issue tracker's numbers mean nothing to a reader.
+        assert not re.search(r"\(#\d+\)|issue #\d+", html), (
+            f"{path.relative_to(site)} cites an internal issue"
+        )
+    reference = pages[site / "reference" / "index.html"]
+    # A role in a docstring became a link to what it names.
+    assert re.search(r'<a[^>]+href="#runrow\.InvalidInput"', reference), (
+        "no cross-reference links to InvalidInput"
+    )
 
 
 def test_every_test_the_docs_cite_exists() -> None:

@@ -69,7 +69,7 @@ async def enqueue(
     ``request`` equal the first's (JSON by value); reusing the key for another turn
     raises :class:`IdempotencyConflict` and writes nothing.
 
-    Scheduling (#10): ``tenant_id`` is the fairness unit of the claim (None: the
+    Scheduling: ``tenant_id`` is the fairness unit of the claim (None: the
     default tenant). ``priority`` orders runs within their tenant's fair share (higher
     first). ``not_before`` delays the run: a ``timedelta`` counts from the database's
     clock at enqueue, a ``datetime`` (timezone-aware) is absolute. ``deadline`` (same
@@ -84,7 +84,7 @@ async def enqueue(
     ``Run.interrupted``, the running turn asked to stop) and queues the new turn, in
     one transaction; the new turn starts once the running one has ended.
 
-    Turn order (#17): a conversation's turns start in the order their enqueues
+    Turn order: a conversation's turns start in the order their enqueues
     committed, and the transcript follows that order (each turn's answers before the
     next turn's question). Every enqueue takes a transaction-scoped advisory lock on
     the conversation before its place in the queue is drawn, so an enqueue inside a
