@@ -366,8 +366,25 @@ async def test_cli_worker_runs_and_drains_on_sigterm(
     ]
     for r in runs:
         await wait_for(lambda r=r: _is(conn, schema, r.id, "completed"), what="runs via the CLI worker")
+    # A row reads `completed` as soon as its ending commits, a moment before the worker
+    # has let the run go; a SIGTERM in between is drained as "1 finished". The worker
+    # logs "run ... completed" as it lets go: wait for the three lines, not for the rows.
+    assert proc.stderr is not None
+    stderr = proc.stderr
+    early: list[str] = []
+
+    def read_until_all_let_go() -> None:
+        while sum(f"run {r.id} completed" in line for r in runs for line in early) < len(runs):
+            line = stderr.readline()
+            if not line:
+                return
+            early.append(line)
+
+    with anyio.fail_after(30):
+        await anyio.to_thread.run_sync(read_until_all_let_go)
     proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=30)
+    out, rest = proc.communicate(timeout=30)
+    err = "".join(early) + rest
     assert proc.returncode == 0, err[-2000:]
     assert "stopped: 0 finished, 0 interrupted, 0 left for the reaper" in out
     assert err.count("started") >= 3 and "completed" in err  # one log line per run start/end
