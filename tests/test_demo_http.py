@@ -345,7 +345,7 @@ async def test_examples_chat_run_py_wires_host_auth_and_agent(dsn: str, schema: 
                 events = await read_sse(client, f"/v1/runs/{resp.json()['run_id']}/events", carol)
                 assert answer_text(events).strip() == "echo: hi"
                 assert events[-1].data["status"] == "completed"
-                assert (await client.get("/v1/conversations/ex", headers=ALICE)).status_code == 404
+                assert (await client.get("/v1/conversations/ex", headers=ALICE)).status_code == 403
         finally:
             server.should_exit = True
     assert callable(module.build_app) and callable(module.main)
@@ -421,7 +421,7 @@ async def _lose_the_worker(dsn: str, schema: str, run_id: str) -> None:
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         await conn.execute(
             sql.SQL(
-                "UPDATE {}.agent_run SET status = 'running', worker_id = 'ghost', started_at = now(), "
+                "UPDATE {}.agent_run SET status = 'running', worker_id = 'ghost', started_at = now(), claim_token = gen_random_uuid(), "
                 "last_heartbeat_at = now() - interval '1 hour', "
                 "claim_expires_at = now() - interval '1 hour' WHERE id = %s"
             ).format(sql.Identifier(schema)),
