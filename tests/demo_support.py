@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import re
+import signal
 import socket
+import subprocess
+import sys
+import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -18,8 +24,11 @@ from runrow.demo import DemoAgent, create_app
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterator
+    from pathlib import Path
 
     import httpx
+
+SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
 
 
 class QuietServer(uvicorn.Server):
@@ -132,3 +141,47 @@ async def read_sse(
 
 def answer_text(events: list[SSE]) -> str:
     return "".join(e.data["delta"] for e in events if e.event == "content_delta" and "stream" not in e.data)
+
+
+class DemoProcess:
+    """``runrow demo`` as a user runs it (its default workers and timing), on the test's
+    database and schema; its output goes to ``log``."""
+
+    def __init__(self, dsn: str, schema: str, log: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RUNROW_DEMO_")}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (SRC, env.get("PYTHONPATH")) if p)
+        env["PYTHONUNBUFFERED"] = "1"
+        cmd = [sys.executable, "-m", "runrow.cli", "demo", "--port", str(self.port)]
+        cmd += ["--database-url", dsn, "--schema", schema]
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen(
+                cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    async def wait_for(self, pattern: str, timeout: float = 30.0, *, count: int = 1) -> list[re.Match[str]]:
+        """The first ``count`` matches of ``pattern`` in the output, waiting for them."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = list(re.finditer(pattern, self.output()))
+            if len(found) >= count:
+                return found[:count]
+            if self.proc.poll() is not None:
+                raise AssertionError(f"runrow demo exited with {self.proc.returncode}:\n{self.output()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {pattern!r} ({count}) in the demo's output:\n{self.output()}")
+            await anyio.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()

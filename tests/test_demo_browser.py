@@ -3,20 +3,30 @@
 Skips (saying why) when Playwright or Chromium is missing, except when the CI variable is
 set: then a missing browser fails the test, so CI cannot skip it silently. Screenshots go
 to tests/artifacts/ (ignored by git). ``RUNROW_CHROMIUM`` points at another binary.
+
+Every test fails on a console error, an uncaught page error, or a request to any host but
+this machine (the page must work offline; such a request is also blocked).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
+import httpx
+import psycopg
 import pytest
+from psycopg import sql
 
 from runrow.demo import answer_for
+from runrow.demo.server import _WORKER_TIMING
 
-from .demo_support import serve_demo
+from .demo_support import DemoProcess, auth, serve_demo
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -54,8 +64,40 @@ def _chromium() -> str:
     return path
 
 
+LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
+
+
+class Watch:
+    """What the page did wrong: console errors, uncaught errors, requests off the machine.
+    ``allow`` takes substrings of console errors a test expects."""
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+        self.allow: list[str] = []
+
+    def console(self, msg: Any) -> None:
+        if msg.type == "error" and not any(a in msg.text for a in self.allow):
+            self.problems.append(f"console error: {msg.text} ({msg.location})")
+
+    def page_error(self, exc: Any) -> None:
+        self.problems.append(f"uncaught page error: {exc}")
+
+    async def route(self, route: Any) -> None:
+        url = route.request.url
+        if urlsplit(url).hostname not in LOCAL_HOSTS:
+            self.problems.append(f"request to another host: {url}")
+            await route.abort()
+        else:
+            await route.continue_()
+
+
 @pytest.fixture
-async def page() -> AsyncIterator[Any]:
+def watch() -> Watch:
+    return Watch()
+
+
+@pytest.fixture
+async def page(watch: Watch) -> AsyncIterator[Any]:
     executable = _chromium()
     from playwright.async_api import async_playwright
 
@@ -64,11 +106,40 @@ async def page() -> AsyncIterator[Any]:
         browser = await pw.chromium.launch(executable_path=executable, headless=True, args=CHROMIUM_ARGS)
         try:
             context = await browser.new_context(viewport={"width": 1100, "height": 800})
+            await context.route("**/*", watch.route)
             page = await context.new_page()
+            page.on("console", watch.console)
+            page.on("pageerror", watch.page_error)
             page.set_default_timeout(15_000)
             yield page
         finally:
             await browser.close()
+    assert watch.problems == [], "\n".join(watch.problems)
+
+
+def test_the_watch_catches_what_it_should() -> None:
+    """The guard itself can fail: a console error and a foreign request are both caught."""
+
+    class Msg:
+        type, text, location = "error", "Failed to load resource: 404", {}
+
+    class Req:
+        url = "https://fonts.example.com/x.woff2"
+
+    class Route:
+        request = Req()
+        aborted = False
+
+        async def abort(self) -> None:
+            self.aborted = True
+
+    w = Watch()
+    w.console(Msg())
+    route = Route()
+    import anyio
+
+    anyio.run(w.route, route)
+    assert route.aborted and len(w.problems) == 2, w.problems
 
 
 async def _turns(page: Any) -> list[dict[str, str]]:
@@ -86,11 +157,18 @@ async def _wait_for(page: Any, js: str, arg: Any = None, timeout: float = 20.0) 
     await page.wait_for_function(js, arg=arg, timeout=timeout * 1000)
 
 
+async def _stop_disabled(page: Any) -> bool:
+    return await page.evaluate("() => document.querySelector('#stop').disabled")  # type: ignore[no-any-return]
+
+
 async def test_reload_mid_answer_resumes_without_gap_or_duplicate(page: Any, dsn: str, schema: str) -> None:
     question = "hello from the browser"
     expected = answer_for(question)
     async with serve_demo(dsn, schema, token_delay=0.04) as base:
+        # A new conversation: loads without errors (the watch checks), nothing to stop.
         await page.goto(f"{base}/?user=alice&conversation=browser-1")
+        await _wait_for(page, "() => !document.querySelector('#empty').hidden")
+        assert await _stop_disabled(page)
         await page.fill("#composer", question)
         await page.click("#send")
         # Mid-answer: some words shown, the run still going.
@@ -103,6 +181,10 @@ async def test_reload_mid_answer_resumes_without_gap_or_duplicate(page: Any, dsn
         [before] = await _turns(page)
         assert before["status"] == "running" and 0 < len(before["answer"]) < len(expected)
         assert expected.startswith(before["answer"])
+        assert not await _stop_disabled(page)
+        # The tool call has finished, and its note is listed while the answer still streams.
+        await _wait_for(page, "() => document.querySelectorAll('#notes li').length === 1", timeout=3)
+        assert [t["status"] for t in await _turns(page)] == ["running"]
         await page.screenshot(path=str(ARTIFACTS / "reload-1-before.png"))
 
         await page.reload()
@@ -122,16 +204,28 @@ async def test_reload_mid_answer_resumes_without_gap_or_duplicate(page: Any, dsn
             f"() => JSON.parse(sessionStorage.getItem('runrow.demo.run.{after['run_id']}'))"
         )
         assert saved["text"] == expected
-        # The tool's note is listed once the run is done.
         await _wait_for(page, "() => document.querySelectorAll('#notes li').length === 1")
         # The page reads the tool events' documented fields (tool_call_id, name).
         tools = await page.evaluate("() => document.querySelector('.turn .tools').textContent")
         assert tools.startswith("✓ save_note("), tools
+        assert await _stop_disabled(page)  # nothing running or queued
+
+        # A reload with nothing kept in the tab (as a new tab would): the finished turn
+        # still shows its tool call, read from the server.
+        await page.evaluate("() => sessionStorage.clear()")
+        await page.reload()
+        await _wait_for(page, "() => document.querySelector('.turn .status')?.textContent === 'completed'")
+        tools_after = await page.evaluate("() => document.querySelector('.turn .tools').textContent")
+        assert tools_after == tools
+        assert await _stop_disabled(page)
+        await page.screenshot(path=str(ARTIFACTS / "reload-4-new-tab.png"))
 
 
 async def test_stop_cancels_the_run_and_returns_the_queued_draft(page: Any, dsn: str, schema: str) -> None:
     async with serve_demo(dsn, schema, token_delay=0.15) as base:
         await page.goto(f"{base}/?user=bob&conversation=browser-2")
+        await _wait_for(page, "() => !document.querySelector('#empty').hidden")
+        assert await _stop_disabled(page)
         await page.fill("#composer", "tell me a long story")
         await page.click("#send")
         await _wait_for(
@@ -160,9 +254,108 @@ async def test_stop_cancels_the_run_and_returns_the_queued_draft(page: Any, dsn:
         turns = await _turns(page)
         assert turns[1]["user"] == "(message returned to the composer)"
         assert 0 < len(turns[0]["answer"]) < len(answer_for("tell me a long story"))
+        await _wait_for(page, "() => document.querySelector('#stop').disabled")  # nothing left to stop
         await page.screenshot(path=str(ARTIFACTS / "stop-2-after.png"))
         # Sending the draft again starts a new turn that runs to the end.
         await page.click("#send")
         await _wait_for(page, "() => document.querySelectorAll('.turn').length === 3")
         assert (await _turns(page))[2]["user"] == "and a follow-up question"
         assert await page.input_value("#composer") == ""
+        await _wait_for(
+            page, "() => document.querySelectorAll('.turn .status')[2].textContent === 'completed'"
+        )
+        assert await _stop_disabled(page)
+
+
+async def test_another_users_conversation_says_so_at_once(
+    page: Any, watch: Watch, dsn: str, schema: str
+) -> None:
+    async with serve_demo(dsn, schema, workers=0) as base:
+        async with httpx.AsyncClient(base_url=base) as client:
+            resp = await client.post(
+                "/v1/conversations/alices/messages", json={"content": "mine"}, headers=auth("alice")
+            )
+            assert resp.status_code == 202
+        # The API's 403 is the signal; Chromium logs any 4xx fetch as a console error.
+        watch.allow.append("status of 403")
+        await page.goto(f"{base}/?user=mallory&conversation=alices")
+        # At once: before typing anything, the page says whose it is not, and Send is off.
+        await _wait_for(
+            page,
+            "() => document.querySelector('#error').textContent.includes('belongs to another user')",
+            timeout=3,
+        )
+        assert await page.evaluate("() => document.querySelector('#send').disabled")
+        assert await page.evaluate("() => document.querySelectorAll('.turn').length") == 0
+        await page.screenshot(path=str(ARTIFACTS / "taken-1-another-users.png"))
+        # A new conversation of one's own clears it.
+        await page.click("#new-conversation")
+        await _wait_for(page, "() => document.querySelector('#error').textContent === ''")
+        assert not await page.evaluate("() => document.querySelector('#send').disabled")
+
+
+async def test_killed_worker_fails_its_turn_and_the_next_turn_runs_on_a_new_worker(
+    page: Any, dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """Plain `runrow demo` (one worker process, the default timing): kill -9 the worker
+    mid-answer. The turn ends failed (worker_lost) within lease + grace + one reaper tick,
+    the demo logs the death and starts a new worker, and the queued turn completes."""
+    t = _WORKER_TIMING
+    demo = DemoProcess(dsn, schema, tmp_path / "demo.log")
+    try:
+        await demo.wait_for(r"open http://", timeout=60)
+        [started] = await demo.wait_for(r"worker pid (\d+) started")
+        worker = int(started.group(1))
+        await page.goto(f"{demo.url}/?user=carol&conversation=kill-1")
+        await page.fill("#composer", "first question")
+        await page.click("#send")
+        await _wait_for(
+            page,
+            """() => (document.querySelector('.turn .answer')?.textContent || '').split(' ').length >= 5
+                     && document.querySelector('.turn .status').textContent === 'running'""",
+        )
+        await page.fill("#composer", "second question")
+        await page.click("#send")
+        await _wait_for(page, "() => document.querySelectorAll('.turn').length === 2")
+        assert [x["status"] for x in await _turns(page)] == ["running", "queued"]
+        await page.screenshot(path=str(ARTIFACTS / "kill-1-before.png"))
+
+        os.kill(worker, signal.SIGKILL)
+        killed_at = time.monotonic()
+        await demo.wait_for(rf"worker pid {worker} killed by SIGKILL", timeout=5)
+        await demo.wait_for(r"worker pid (\d+) started", count=2, timeout=10)
+        await _wait_for(
+            page,
+            "() => document.querySelector('.turn .status').textContent === 'failed'",
+            timeout=t["lease"] + t["grace"] + t["poll"] + 15,
+        )
+        took = time.monotonic() - killed_at
+        # The last heartbeat came at most one heartbeat before the kill.
+        assert took <= t["lease"] + t["grace"] + t["poll"] + 3, f"failed {took:.1f} s after the kill"
+        first = await page.evaluate(
+            """() => { const t = document.querySelector('.turn');
+                       return { error: t.querySelector('.error').textContent,
+                                hidden: t.querySelector('.error').hidden,
+                                partial: t.querySelector('.answer').classList.contains('partial') }; }"""
+        )
+        assert first["error"].startswith("worker_lost:") and not first["hidden"], first
+        assert first["partial"], first
+        await page.screenshot(path=str(ARTIFACTS / "kill-2-failed.png"))
+
+        await _wait_for(
+            page,
+            "() => document.querySelectorAll('.turn .status')[1].textContent === 'completed'",
+            timeout=40,
+        )
+        turns = await _turns(page)
+        assert [x["status"] for x in turns] == ["failed", "completed"]
+        assert turns[1]["answer"] == answer_for("second question")
+        await page.screenshot(path=str(ARTIFACTS / "kill-3-next-completed.png"))
+    finally:
+        demo.stop()
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await conn.execute(
+                sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(f"{schema}_demo"))
+            )
+    (ARTIFACTS / "kill-demo.log").write_text(demo.output())
+    assert demo.proc.returncode == 0, demo.output()

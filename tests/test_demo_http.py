@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 
 import anyio
 import httpx
@@ -62,6 +63,17 @@ async def test_post_message_202_run_completes_with_tool_call(dsn: str, schema: s
         assert started["name"] == finished["name"] == "save_note"
         assert started["tool_call_id"] == finished["tool_call_id"]
         assert started["arguments"] == {"text": "hello runrow"} and finished["result"]["note_id"]
+        # A finished turn carries its tool calls, so a page that did not watch it stream
+        # (a reload in a new tab, another device) still shows them.
+        assert turn["tool_calls"] == [
+            {
+                "tool_call_id": started["tool_call_id"],
+                "name": "save_note",
+                "arguments": {"text": "hello runrow"},
+                "result": finished["result"],
+                "uncertain": False,
+            }
+        ]
 
 
 async def test_idempotency_key_returns_the_first_run(dsn: str, schema: str) -> None:
@@ -91,7 +103,7 @@ async def test_idempotency_key_reused_for_another_message_answers_409(dsn: str, 
         conv = (await client.get("/v1/conversations/conv-i", headers=ALICE)).json()
         assert [t["user_message"] for t in conv["turns"]] == ["once"]
         # The refused post to a new conversation did not claim it.
-        assert (await client.get("/v1/conversations/conv-j", headers=ALICE)).status_code == 404
+        assert (await client.get("/v1/conversations/conv-j", headers=ALICE)).json()["owner"] is None
 
 
 async def test_sse_stream_and_resume_from_query_and_last_event_id(dsn: str, schema: str) -> None:
@@ -112,8 +124,16 @@ async def test_sse_stream_and_resume_from_query_and_last_event_id(dsn: str, sche
         # An EventSource reconnects to its original URL and adds Last-Event-ID: the header wins.
         both = await read_sse(client, f"{url}?from=1", {**ALICE, "Last-Event-ID": str(k)})
         assert both == full[k:]
-        past_end = await read_sse(client, f"{url}?from={len(full)}", ALICE)
-        assert all(e.event == "complete" for e in past_end)
+        # At or past the end of a finished run: 204, which tells an EventSource to stop
+        # reconnecting (an empty 200 stream would have it reconnect forever).
+        for params, headers in (
+            ({"from": str(len(full))}, ALICE),
+            ({"from": str(len(full) + 5)}, ALICE),
+            ({}, {**ALICE, "Last-Event-ID": str(len(full))}),
+        ):
+            resp = await client.get(url, params=params, headers=headers)
+            assert resp.status_code == 204, (params, headers, resp.status_code, resp.text)
+            assert resp.content == b""
 
 
 async def test_sse_reconnect_mid_stream_has_no_gap_and_no_duplicate(dsn: str, schema: str) -> None:
@@ -139,7 +159,11 @@ async def test_keepalive_comments_while_idle(dsn: str, schema: str) -> None:
         assert got and got[-1].comments == ["keepalive"]
 
 
-async def test_another_users_ids_answer_404_everywhere(dsn: str, schema: str) -> None:
+async def test_another_users_runs_answer_404_and_conversations_403(dsn: str, schema: str) -> None:
+    # A run id is a secret (a random uuid): someone else's answers exactly like an unknown one.
+    # A conversation id is a name anyone may pick, and posting to a taken one has to be
+    # refused anyway, so a taken name is no secret: the API says so (403) and the page can
+    # tell the user at once instead of failing their first message.
     async with serve_demo(dsn, schema, workers=0) as base, httpx.AsyncClient(base_url=base) as client:
         run_id = (await _post(client, "alice-conv", "mine"))["run_id"]
         unknown = str(uuid.uuid4())
@@ -159,10 +183,25 @@ async def test_another_users_ids_answer_404_everywhere(dsn: str, schema: str) ->
             ("GET", "/v1/conversations/alice-conv", None),
             ("POST", "/v1/conversations/alice-conv/stop", None),
             ("POST", "/v1/conversations/alice-conv/messages", {"content": "let me in"}),
-            ("GET", "/v1/conversations/nobody-has-this", None),
         ):
             resp = await client.request(method, path, headers=BOB, json=body)
-            assert resp.status_code == 404, (method, path, resp.text)
+            assert resp.status_code == 403, (method, path, resp.text)
+            assert resp.json()["error"]["code"] == "forbidden"
+            assert "another user" in resp.json()["error"]["message"]
+        # A conversation nobody has posted to yet is empty, not missing: a new conversation
+        # loads without an error (nor a console error in the page).
+        resp = await client.get("/v1/conversations/nobody-has-this", headers=BOB)
+        assert resp.status_code == 200, resp.text
+        assert resp.json() == {
+            "conversation_id": "nobody-has-this",
+            "owner": None,
+            "turns": [],
+            "messages": [],
+            "notes": [],
+        }
+        resp = await client.post("/v1/conversations/nobody-has-this/stop", headers=BOB)
+        assert resp.status_code == 200 and resp.json()["noop"] is True
+        assert (await client.get("/v1/conversations/alice-conv", headers=ALICE)).json()["owner"] == "alice"
         # ...and alice still sees her run, untouched by bob's attempts.
         run = (await client.get(f"/v1/runs/{run_id}", headers=ALICE)).json()
         assert run["status"] == "queued" and run["cancel_requested"] is False
@@ -170,26 +209,27 @@ async def test_another_users_ids_answer_404_everywhere(dsn: str, schema: str) ->
 
 
 @pytest.mark.parametrize(
-    ("body", "headers", "status"),
+    ("body", "headers", "status", "code"),
     [
-        (b"not json", {}, 400),
-        (b"[1, 2]", {}, 400),
-        (b'"just a string"', {}, 400),
-        (b"{}", {}, 422),
-        (b'{"content": 42}', {}, 422),
-        (b'{"content": "   "}', {}, 422),
-        (b'{"content": ["a"]}', {}, 422),
-        (b'{"content": "nul \\u0000 inside"}', {}, 422),
-        (b'{"content": "' + b"x" * 20_000 + b'"}', {}, 413),  # over the content limit
-        (b'{"content": "' + b"x" * 200_000 + b'"}', {}, 413),  # over the body limit
-        (b'{"content": "hi"}', {"Idempotency-Key": "k" * 300}, 400),
-        (b"\xff\xfe", {}, 400),
-        (b'{"content": "hi", "x": ' + b"[" * 20_000 + b"]" * 20_000 + b"}", {}, 400),  # too deep
-        (b'{"content": "lone \\ud800 surrogate"}', {}, 422),
+        (b"not json", {}, 400, "bad_json"),
+        (b"[1, 2]", {}, 400, "bad_json"),
+        (b'"just a string"', {}, 400, "bad_json"),
+        (b"{}", {}, 422, "invalid_input"),
+        (b'{"content": 42}', {}, 422, "invalid_input"),
+        (b'{"content": "   "}', {}, 422, "invalid_input"),
+        (b'{"content": ["a"]}', {}, 422, "invalid_input"),
+        (b'{"content": "nul \\u0000 inside"}', {}, 422, "invalid_input"),
+        # One problem, one code: too large is too_large, whichever limit caught it.
+        (b'{"content": "' + b"x" * 20_000 + b'"}', {}, 413, "too_large"),  # over the content limit
+        (b'{"content": "' + b"x" * 200_000 + b'"}', {}, 413, "too_large"),  # over the body limit
+        (b'{"content": "hi"}', {"Idempotency-Key": "k" * 300}, 400, "bad_idempotency_key"),
+        (b"\xff\xfe", {}, 400, "bad_json"),
+        (b'{"content": "hi", "x": ' + b"[" * 20_000 + b"]" * 20_000 + b"}", {}, 400, "bad_json"),  # too deep
+        (b'{"content": "lone \\ud800 surrogate"}', {}, 422, "invalid_input"),
     ],
 )
 async def test_malformed_messages_answer_4xx_json(
-    dsn: str, schema: str, body: bytes, headers: dict[str, str], status: int
+    dsn: str, schema: str, body: bytes, headers: dict[str, str], status: int, code: str
 ) -> None:
     async with serve_demo(dsn, schema, workers=0) as base, httpx.AsyncClient(base_url=base) as client:
         resp = await client.post(
@@ -198,10 +238,10 @@ async def test_malformed_messages_answer_4xx_json(
             headers={**ALICE, "Content-Type": "application/json", **headers},
         )
         assert resp.status_code == status, resp.text
+        assert resp.json()["error"]["code"] == code, resp.text
         assert resp.json()["error"]["message"]
-        assert (await client.get("/v1/conversations/conv-bad", headers=ALICE)).status_code == 404, (
-            "nothing written"
-        )
+        conv = (await client.get("/v1/conversations/conv-bad", headers=ALICE)).json()
+        assert conv["owner"] is None and conv["turns"] == [], "nothing written"
 
 
 async def test_auth_and_path_errors_are_4xx_json(dsn: str, schema: str) -> None:
@@ -305,7 +345,7 @@ async def test_examples_chat_run_py_wires_host_auth_and_agent(dsn: str, schema: 
                 events = await read_sse(client, f"/v1/runs/{resp.json()['run_id']}/events", carol)
                 assert answer_text(events).strip() == "echo: hi"
                 assert events[-1].data["status"] == "completed"
-                assert (await client.get("/v1/conversations/ex", headers=ALICE)).status_code == 404
+                assert (await client.get("/v1/conversations/ex", headers=ALICE)).status_code == 403
         finally:
             server.should_exit = True
     assert callable(module.build_app) and callable(module.main)
@@ -374,3 +414,114 @@ async def test_load_shedding_answers_429_with_retry_after_and_queued_runs_know_t
         assert (await client.get(f"/v1/runs/{first['run_id']}/position", headers=BOB)).status_code == 404
         conv = (await client.get("/v1/conversations/busy", headers=ALICE)).json()
         assert [t["user_message"] for t in conv["turns"]] == ["one", "two"]  # nothing written for "three"
+
+
+async def _lose_the_worker(dsn: str, schema: str, run_id: str) -> None:
+    """Makes a queued run look claimed by a worker that died an hour ago."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(
+            sql.SQL(
+                "UPDATE {}.agent_run SET status = 'running', worker_id = 'ghost', started_at = now(), claim_token = gen_random_uuid(), "
+                "last_heartbeat_at = now() - interval '1 hour', "
+                "claim_expires_at = now() - interval '1 hour' WHERE id = %s"
+            ).format(sql.Identifier(schema)),
+            (run_id,),
+        )
+
+
+async def test_the_web_process_reaps_when_its_workers_run_elsewhere(dsn: str, schema: str) -> None:
+    """`runrow demo` runs its workers as processes: when the only one dies, the web
+    process's reaper still ends its run (failed, worker_lost) on the demo's timing."""
+    async with (
+        serve_demo(dsn, schema, workers=0, reap_interval=0.2, reap_grace=0.0) as base,
+        httpx.AsyncClient(base_url=base) as client,
+    ):
+        run_id = (await _post(client, "conv-lost", "who is there"))["run_id"]
+        await _lose_the_worker(dsn, schema, run_id)
+        run = await _wait_status(client, run_id, {"failed", "completed", "cancelled"}, timeout=10)
+        assert run["status"] == "failed" and run["error"]["type"] == "worker_lost", run
+        events = await read_sse(client, f"/v1/runs/{run_id}/events", ALICE)
+        assert events[-1].data["reason"] == "worker_lost"
+
+
+async def test_no_reaper_in_the_web_process_unless_asked(dsn: str, schema: str) -> None:
+    async with serve_demo(dsn, schema, workers=0) as base, httpx.AsyncClient(base_url=base) as client:
+        run_id = (await _post(client, "conv-lost", "who is there"))["run_id"]
+        await _lose_the_worker(dsn, schema, run_id)
+        await anyio.sleep(1.0)
+        assert (await client.get(f"/v1/runs/{run_id}", headers=ALICE)).json()["status"] == "running"
+        # (end it, so that nothing is left running for other tests to trip on)
+        await _reap_now(dsn, schema)
+
+
+async def _reap_now(dsn: str, schema: str) -> None:
+    from runrow._engine.reaper import reap_expired
+
+    await reap_expired(dsn, schema=schema, grace=0.0)
+
+
+@pytest.mark.parametrize(
+    ("durations", "position", "slots", "expected"),
+    [
+        ([], 1, 1, None),  # nothing finished yet: unknown
+        ([8.0, 8.0], 2, 1, None),  # too few samples to say
+        ([8.0, 8.0, 8.0], 1, 1, 8.0),  # today's complaint: 3 runs of 8 s said 200 s
+        ([8.0, 8.0, 8.0], 2, 1, 16.0),
+        ([7.0, 8.0, 9.0, 60.0], 2, 1, 17.0),  # the median: one slow run does not swing it
+        ([8.0, 8.0, 8.0], 4, 4, 8.0),  # four runs ahead, four slots: one round
+        ([8.0, 8.0, 8.0], 5, 4, 16.0),
+        ([8.0, 8.0, 8.0], None, 1, None),  # not queued
+    ],
+)
+def test_wait_estimate(
+    durations: list[float], position: int | None, slots: int, expected: float | None
+) -> None:
+    from runrow.demo.queue import estimate_wait
+
+    assert estimate_wait(durations, position, slots) == expected
+
+
+async def test_queue_position_estimate_follows_recent_run_durations(dsn: str, schema: str) -> None:
+    async with serve_demo(dsn, schema, token_delay=0.01) as base, httpx.AsyncClient(base_url=base) as client:
+        done = [await _post(client, f"e-{i}", f"question {i}") for i in range(3)]
+        runs = [await _wait_status(client, r["run_id"], {"completed"}) for r in done]
+    durations = sorted(
+        (datetime.fromisoformat(r["finished_at"]) - datetime.fromisoformat(r["started_at"])).total_seconds()
+        for r in runs
+    )
+    async with serve_demo(dsn, schema, workers=0) as base, httpx.AsyncClient(base_url=base) as client:
+        first = await _post(client, "e-wait", "one")
+        second = await _post(client, "e-wait-2", "two")
+        pos = (await client.get(f"/v1/runs/{second['run_id']}/position", headers=ALICE)).json()
+        assert pos["position"] == 2 and pos["finished_samples"] == 3
+        # The median duration per run ahead (one slot: no workers here), not position /
+        # throughput over five minutes (which said 100 s per place after three runs).
+        assert pos["estimated_wait_seconds"] == pytest.approx(2 * durations[1], abs=0.01)
+        assert (await client.get(f"/v1/runs/{first['run_id']}/position", headers=ALICE)).json()[
+            "estimated_wait_seconds"
+        ] == pytest.approx(durations[1], abs=0.01)
+
+
+async def test_queue_position_estimate_is_unknown_before_enough_runs_finished(dsn: str, schema: str) -> None:
+    async with serve_demo(dsn, schema, workers=0) as base, httpx.AsyncClient(base_url=base) as client:
+        run = await _post(client, "e-none", "one")
+        pos = (await client.get(f"/v1/runs/{run['run_id']}/position", headers=ALICE)).json()
+        assert pos["position"] == 1 and pos["estimated_wait_seconds"] is None and pos["finished_samples"] == 0
+
+
+async def test_the_openapi_document_lists_what_the_api_answers(dsn: str, schema: str) -> None:
+    async with serve_demo(dsn, schema, workers=0) as base, httpx.AsyncClient(base_url=base) as client:
+        paths = (await client.get("/openapi.json")).json()["paths"]
+    assert "204" in paths["/v1/runs/{run_id}/events"]["get"]["responses"]
+    for path, method in (
+        ("/v1/conversations/{conversation_id}", "get"),
+        ("/v1/conversations/{conversation_id}/stop", "post"),
+        ("/v1/conversations/{conversation_id}/messages", "post"),
+    ):
+        assert "403" in paths[path][method]["responses"], path
+    assert (
+        "too_large"
+        in paths["/v1/conversations/{conversation_id}/messages"]["post"]["responses"]["413"]["description"]
+    )
+    position = paths["/v1/runs/{run_id}/position"]["get"]["responses"]["200"]
+    assert "finished_samples" in str(position)

@@ -5,11 +5,13 @@ Routes (all JSON; errors are ``{"error": {"code", "message"}}`` with a 4xx statu
 * ``POST /v1/conversations/{conversation_id}/messages`` ``{"content": "..."}`` -> 202
   ``{"run_id", "status", ...}``; an ``Idempotency-Key`` header makes a repeat return the
   first run (409 ``idempotency_conflict`` if the key was used for another message).
-* ``GET /v1/runs/{run_id}``; ``GET /v1/conversations/{conversation_id}`` (transcript, turns,
-  the tool's notes).
+* ``GET /v1/runs/{run_id}``; ``GET /v1/runs/{run_id}/position`` (place in line, wait
+  estimate); ``GET /v1/conversations/{conversation_id}`` (transcript, turns with their
+  tool calls, the tool's notes; a conversation nobody has posted to is empty).
 * ``GET /v1/runs/{run_id}/events``: Server-Sent Events, ``id`` = seq, ``event`` = type,
   ``data`` = JSON; resumes after ``?from=N`` or the ``Last-Event-ID`` header; keepalive
-  comments; ends after the terminal ``complete`` event.
+  comments; ends after the terminal ``complete`` event. A cursor at or past the end of a
+  finished run answers 204, which tells an EventSource to stop reconnecting.
 * ``POST /v1/runs/{run_id}/cancel``; ``POST /v1/conversations/{conversation_id}/stop``
   (returns the drafts for the composer).
 * ``GET /openapi.json``, and the web page at ``/``.
@@ -18,7 +20,10 @@ Authentication is a DEMO STAND-IN: ``Authorization: Bearer demo-<name>`` makes y
 ``<name>``, no secret involved. (EventSource cannot set headers, so the events route also
 accepts ``?access_token=demo-<name>``.) A host replaces :func:`demo_user` with its own
 auth by passing ``authenticate=`` to :func:`create_app`. Each user sees only their own
-conversations and runs: anyone else's id answers 404, exactly like an unknown id.
+conversations and runs. Someone else's run answers 404, exactly like an unknown id (a
+run id is a secret). Someone else's conversation answers 403 ``forbidden``: its id is a
+name anyone may pick, and a post to it must be refused anyway, so saying so at once
+gives nothing away and lets the page tell the user before they type.
 """
 
 from __future__ import annotations
@@ -30,9 +35,11 @@ import uuid
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import asdict
 from datetime import datetime
+from functools import partial
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
+import anyio
 from psycopg_pool import AsyncConnectionPool
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.applications import Starlette
@@ -43,7 +50,7 @@ from starlette.staticfiles import StaticFiles
 
 import runrow
 
-from . import store
+from . import queue, store
 from .agent import DemoAgent
 from .openapi import openapi_document
 
@@ -78,6 +85,10 @@ class ApiError(Exception):
 
 def _not_found(what: str = "run") -> ApiError:
     return ApiError(404, "not_found", f"no such {what}")
+
+
+def _not_yours(cid: str) -> ApiError:
+    return ApiError(403, "forbidden", f"conversation {cid} belongs to another user")
 
 
 def demo_user(request: Request) -> str | None:
@@ -146,6 +157,9 @@ class _Api:
         in_process_workers: int,
         agent: runrow.Agent | None,
         dispatcher_options: Mapping[str, Any],
+        reap_interval: float | None,
+        reap_grace: float,
+        worker_slots: int | None,
     ) -> None:
         self.url = database_url
         self.schema = schema
@@ -158,6 +172,10 @@ class _Api:
         self.in_process_workers = in_process_workers
         self.agent = agent
         self.dispatcher_options = dict(dispatcher_options)
+        self.reap_interval = reap_interval
+        self.reap_grace = reap_grace
+        default_slots = in_process_workers * int(self.dispatcher_options.get("concurrency", 8))
+        self.worker_slots = worker_slots or default_slots or 1
         self.registry = _metrics_registry()
         self._pool: AsyncConnectionPool[AsyncConnection] | None = None
         self._hub: runrow.NotifyHub | None = None
@@ -207,6 +225,18 @@ class _Api:
                 )
                 dispatchers.append(await stack.enter_async_context(d))
             app.state.dispatchers = dispatchers
+            if self.reap_interval is not None:
+                tasks = await stack.enter_async_context(anyio.create_task_group())
+                stack.callback(tasks.cancel_scope.cancel)  # runs first: callbacks unwind LIFO
+                tasks.start_soon(
+                    partial(
+                        queue.reap_periodically,
+                        pool,
+                        schema=self.schema,
+                        interval=self.reap_interval,
+                        grace=self.reap_grace,
+                    )
+                )
             try:
                 yield
             finally:
@@ -249,11 +279,13 @@ class _Api:
             raise _not_found()  # someone else's run looks exactly like no run
         return info
 
-    async def own_conversation(self, cid: str, user: str) -> None:
+    async def own_conversation(self, cid: str, user: str) -> str | None:
+        """The owner: ``user``, or None if nobody has posted yet; 403 if someone else."""
         async with self.pool.connection() as conn:
             owner = await store.conversation_owner(conn, self.demo_schema, cid)
-        if owner != user:
-            raise _not_found("conversation")
+        if owner not in (None, user):
+            raise _not_yours(cid)
+        return owner
 
     async def json_body(self, request: Request) -> dict[str, Any]:
         declared = request.headers.get("content-length")
@@ -290,7 +322,7 @@ class _Api:
         async with self.pool.connection() as conn, conn.transaction():
             owner = await store.claim_conversation(conn, self.demo_schema, cid, user)
             if owner != user:
-                raise _not_found("conversation")
+                raise _not_yours(cid)
             try:
                 run = await runrow.enqueue(
                     conn,
@@ -330,20 +362,27 @@ class _Api:
         """Where a queued run stands: "you're #3", with an estimated wait."""
         info = await self.own_run(request, self.user(request))
         pos = await runrow.queue_position(self.pool, info.id, schema=self.schema)
+        durations = await queue.recent_durations(self.pool, schema=self.schema)
+        wait = queue.estimate_wait(durations, pos.position, self.worker_slots)
         return JSONResponse(
             {
                 "run_id": str(info.id),
                 "status": pos.status,
                 "position": pos.position,
                 "exact": pos.exact,
-                "estimated_wait_seconds": pos.estimated_wait_seconds,
+                "estimated_wait_seconds": None if wait is None else round(wait, 3),
+                "finished_samples": len(durations),
             }
         )
 
     async def get_conversation(self, request: Request) -> Response:
         user = self.user(request)
         cid = self.conversation_id(request)
-        await self.own_conversation(cid, user)
+        owner = await self.own_conversation(cid, user)
+        if owner is None:  # nobody has posted yet: empty, not missing
+            return JSONResponse(
+                {"conversation_id": cid, "owner": None, "turns": [], "messages": [], "notes": []}
+            )
         messages = await runrow.transcript(self.pool, cid, schema=self.schema)
         runs = await runrow.list_runs(self.pool, conversation_id=cid, limit=500, schema=self.schema)
         async with self.pool.connection() as conn:
@@ -361,11 +400,16 @@ class _Api:
                     "answer": None
                     if answer is None
                     else {"content": answer.content, "status": answer.status},
+                    # A live turn's calls arrive on its stream; a finished one's are read here.
+                    "tool_calls": await queue.tool_calls(self.pool, r.id, schema=self.schema)
+                    if r.terminal
+                    else None,
                 }
             )
         return JSONResponse(
             {
                 "conversation_id": cid,
+                "owner": owner,
                 "turns": turns,
                 "messages": [_jsonable(asdict(m)) for m in messages],
                 "notes": notes,
@@ -383,15 +427,31 @@ class _Api:
         else:
             start = 0
         info = await self.own_run(request, user)
-        return EventSourceResponse(
-            self._stream(info.id, start), ping=0, headers={"Cache-Control": "no-store"}
+        events = runrow.tail(
+            self.pool, info.id, from_seq=start, hub=self._hub, keepalive=self.keepalive, schema=self.schema
         )
+        first: runrow.Event | None = None
+        if info.terminal:
+            # A finished run's tail answers at once: with nothing after the cursor, say
+            # 204, the one answer that stops an EventSource from reconnecting for good.
+            try:
+                first = await anext(events)
+            except (StopAsyncIteration, runrow.InvalidInput, runrow.RunNotFound):
+                await queue.close(events)
+                return Response(status_code=204, headers={"Cache-Control": "no-store"})
+        return EventSourceResponse(self._stream(events, first), ping=0, headers={"Cache-Control": "no-store"})
 
-    async def _stream(self, run_id: uuid.UUID, start: int) -> AsyncIterator[ServerSentEvent]:
+    async def _stream(
+        self, events: AsyncIterator[runrow.Event], first: runrow.Event | None
+    ) -> AsyncIterator[ServerSentEvent]:
+        async def all_events() -> AsyncIterator[runrow.Event]:
+            if first is not None:
+                yield first
+            async for ev in events:
+                yield ev
+
         try:
-            async for ev in runrow.tail(
-                self.pool, run_id, from_seq=start, hub=self._hub, keepalive=self.keepalive, schema=self.schema
-            ):
+            async for ev in all_events():
                 if ev.keepalive:
                     yield ServerSentEvent(comment="keepalive")
                     continue
@@ -402,6 +462,12 @@ class _Api:
                 )
         except runrow.RunNotFound:  # trimmed or deleted meanwhile
             return
+        except runrow.InvalidInput as exc:
+            # A cursor past the end of a live run's journal (not from this run's stream).
+            # Ending the stream makes the client reconnect; once the run ends, that is a 204.
+            log.info("event stream refused: %s", exc)
+        finally:
+            await queue.close(events)
 
     async def cancel(self, request: Request) -> Response:
         info = await self.own_run(request, self.user(request))
@@ -454,8 +520,9 @@ async def _idempotency_conflict(request: Request, exc: Exception) -> Response:
 
 async def _invalid_input(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, runrow.InvalidInput)
-    status = 413 if "larger than the limit" in str(exc) else 422
-    return JSONResponse({"error": {"code": "invalid_input", "field": exc.field, "message": str(exc)}}, status)
+    # Too large is too_large, whichever limit caught it (the body's, above, or runrow's).
+    status, code = (413, "too_large") if "larger than the limit" in str(exc) else (422, "invalid_input")
+    return JSONResponse({"error": {"code": code, "field": exc.field, "message": str(exc)}}, status)
 
 
 def create_app(
@@ -470,6 +537,9 @@ def create_app(
     in_process_workers: int = 0,
     agent: runrow.Agent | None = None,
     dispatcher_options: Mapping[str, Any] | None = None,
+    reap_interval: float | None = None,
+    reap_grace: float = 30.0,
+    worker_slots: int | None = None,
 ) -> Starlette:
     """The demo's ASGI app. The schema must be migrated (``runrow migrate``) beforehand.
 
@@ -477,7 +547,10 @@ def create_app(
     elsewhere, e.g. ``runrow worker runrow.demo.agent:agent``), with ``agent`` (default
     :class:`~runrow.demo.agent.DemoAgent`) and ``dispatcher_options`` (lease, poll, ...).
     ``max_queued_per_conversation`` sheds load: a message past it answers 429 with a
-    ``Retry-After`` header (None: no limit).
+    ``Retry-After`` header (None: no limit). ``reap_interval``: run a reaper pass (with
+    ``reap_grace``) that often in this process, for workers that run elsewhere and may
+    all be gone (None: none here). ``worker_slots``: the runs the workers take at once,
+    for the wait estimate (default: the in-process dispatchers' concurrency, else 1).
     """
     api = _Api(
         database_url,
@@ -490,6 +563,9 @@ def create_app(
         in_process_workers=in_process_workers,
         agent=agent,
         dispatcher_options=dispatcher_options or {},
+        reap_interval=reap_interval,
+        reap_grace=reap_grace,
+        worker_slots=worker_slots,
     )
     static = resources.files("runrow.demo") / "static"
 

@@ -22,6 +22,7 @@ _CONV_ID = {
     "schema": {"type": "string", "pattern": "^[A-Za-z0-9_.:-]{1,128}$"},
 }
 _NOT_FOUND = _error("Unknown, or another user's (the two are indistinguishable)")
+_NOT_YOURS = _error("`forbidden`: the conversation belongs to another user")
 _STOP = {
     "description": "What the stop did",
     "content": {"application/json": {"schema": {"$ref": "#/components/schemas/StopResult"}}},
@@ -75,9 +76,9 @@ def openapi_document() -> dict[str, Any]:
                         },
                         "400": _error("Malformed body, conversation id or key"),
                         "401": _error("No demo bearer token"),
-                        "404": _error("The conversation belongs to another user"),
+                        "403": _NOT_YOURS,
                         "409": _error("The Idempotency-Key was already used for another message"),
-                        "413": _error("Content too large"),
+                        "413": _error("`too_large`: the body or its content is over its size limit"),
                         "422": _error("Content missing or not text"),
                         "429": _error(
                             "Too many turns already waiting in this conversation (see Retry-After)"
@@ -87,16 +88,26 @@ def openapi_document() -> dict[str, Any]:
             },
             "/v1/conversations/{conversation_id}": {
                 "get": {
-                    "summary": "Transcript, turns (runs with their messages) and the tool's notes",
+                    "summary": "Transcript, turns (runs with their messages and tool calls) and the tool's notes",
                     "parameters": [_CONV_ID],
-                    "responses": {"200": {"description": "The conversation"}, "404": _NOT_FOUND},
+                    "responses": {
+                        "200": {
+                            "description": (
+                                "The conversation. `owner` is null (and the lists empty) while nobody "
+                                "has posted to it: the first message makes it the poster's. A finished "
+                                "turn's `tool_calls` lists its calls (`uncertain`: started, never "
+                                "finished, its worker lost); a live turn's is null (they stream)."
+                            )
+                        },
+                        "403": _NOT_YOURS,
+                    },
                 }
             },
             "/v1/conversations/{conversation_id}/stop": {
                 "post": {
                     "summary": "Stop every active turn; queued messages come back as drafts",
                     "parameters": [_CONV_ID],
-                    "responses": {"200": _STOP, "404": _NOT_FOUND},
+                    "responses": {"200": _STOP, "403": _NOT_YOURS},
                 }
             },
             "/v1/runs/{run_id}/position": {
@@ -105,7 +116,15 @@ def openapi_document() -> dict[str, Any]:
                     "parameters": [_RUN_ID],
                     "responses": {
                         "200": {
-                            "description": "position (null unless queued), exact (false: an estimate past the first thousand), estimated_wait_seconds"
+                            "description": (
+                                "position (null unless queued), exact (false: an estimate past the "
+                                "first thousand), estimated_wait_seconds (the median duration of the "
+                                "last 20 completed runs times the rounds of runs ahead; null with fewer "
+                                "than 3 of them, in finished_samples)"
+                            ),
+                            "content": {
+                                "application/json": {"schema": {"$ref": "#/components/schemas/Position"}}
+                            },
                         },
                         "404": {"description": "no such run for this user"},
                     },
@@ -159,6 +178,12 @@ def openapi_document() -> dict[str, Any]:
                             "description": "An event stream",
                             "content": {"text/event-stream": {"schema": {"type": "string"}}},
                         },
+                        "204": {
+                            "description": (
+                                "The run has finished and nothing follows the cursor: an EventSource "
+                                "stops reconnecting"
+                            )
+                        },
                         "400": _error("Bad cursor"),
                         "404": _NOT_FOUND,
                     },
@@ -201,6 +226,17 @@ def openapi_document() -> dict[str, Any]:
                         "started_at": {"type": ["string", "null"], "format": "date-time"},
                         "finished_at": {"type": ["string", "null"], "format": "date-time"},
                         "events_url": {"type": "string"},
+                    },
+                },
+                "Position": {
+                    "type": "object",
+                    "properties": {
+                        "run_id": {"type": "string", "format": "uuid"},
+                        "status": {"type": "string"},
+                        "position": {"type": ["integer", "null"]},
+                        "exact": {"type": "boolean"},
+                        "estimated_wait_seconds": {"type": ["number", "null"]},
+                        "finished_samples": {"type": "integer"},
                     },
                 },
                 "StopResult": {

@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,8 +27,15 @@ if TYPE_CHECKING:
 
 __all__ = ["default_data_dir", "run_demo"]
 
-# Short enough that killing a worker shows the reaper at work within half a minute.
+# Short enough that killing a worker shows the reaper at work within half a minute:
+# a killed worker's run ends failed (worker_lost) within lease + grace + poll seconds of
+# its last heartbeat. The web process reaps on this timing too (every poll seconds), so
+# that nothing depends on a worker being alive to reap the runs of one that died.
 _WORKER_TIMING = {"lease": 10.0, "heartbeat": 3.0, "grace": 5.0, "poll": 2.0}
+_WORKER_CONCURRENCY = 4
+# A worker that dies this soon after its start is restarted after a growing pause
+# (1 s, 2 s, 4 s ... at most 30 s), so that a worker that cannot start does not spin.
+_QUICK_DEATH = 10.0
 
 
 def default_data_dir() -> Path:
@@ -58,22 +66,61 @@ def _term_on_parent_death() -> None:  # pragma: no cover - runs in the child bef
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def _start_workers(n: int, url: str, schema: str) -> list[subprocess.Popen[bytes]]:
+def _start_worker(url: str, schema: str) -> subprocess.Popen[bytes]:
     t = _WORKER_TIMING
     args = [
         sys.executable, "-m", "runrow.cli", "worker", "runrow.demo.agent:agent",
-        "--schema", schema, "--concurrency", "4", "--drain-seconds", "5",
+        "--schema", schema, "--concurrency", str(_WORKER_CONCURRENCY), "--drain-seconds", "5",
         "--lease-seconds", str(t["lease"]), "--heartbeat-seconds", str(t["heartbeat"]),
         "--grace-seconds", str(t["grace"]), "--poll-seconds", str(t["poll"]),
     ]  # fmt: skip
     env = {**os.environ, "DATABASE_URL": url, "RUNROW_DEMO_SCHEMA": schema}
-    return [
-        # Own process groups: Ctrl-C reaches the demo, which stops the workers itself.
-        subprocess.Popen(
-            args, env=env, stdin=subprocess.DEVNULL, preexec_fn=_term_on_parent_death, process_group=0
-        )
-        for _ in range(n)
-    ]
+    # Its own process group: Ctrl-C reaches the demo, which stops the workers itself.
+    proc = subprocess.Popen(
+        args, env=env, stdin=subprocess.DEVNULL, preexec_fn=_term_on_parent_death, process_group=0
+    )
+    print(f"runrow demo: worker pid {proc.pid} started", flush=True)
+    return proc
+
+
+def _how_it_ended(returncode: int) -> str:
+    if returncode < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-returncode).name}"
+        return f"killed by signal {-returncode}"
+    return f"exited with status {returncode}"
+
+
+class _Workers:
+    """The worker processes, each replaced when it dies (a crash, an OOM kill, kill -9)."""
+
+    def __init__(self, n: int, url: str, schema: str) -> None:
+        self._url = url
+        self._schema = schema
+        self.procs = [_start_worker(url, schema) for _ in range(n)]
+        self._started = [time.monotonic()] * n
+        self._pause = [0.0] * n
+        self.stopping = False
+
+    async def watch(self, every: float = 0.5) -> None:
+        """Polls the processes until cancelled; a dead one is logged and started again."""
+        while True:
+            await anyio.sleep(every)
+            for i, proc in enumerate(self.procs):
+                if self.stopping or (rc := proc.poll()) is None:
+                    continue
+                lived = time.monotonic() - self._started[i]
+                self._pause[i] = min(max(self._pause[i] * 2, 1.0), 30.0) if lived < _QUICK_DEATH else 0.0
+                print(
+                    f"runrow demo: worker pid {proc.pid} {_how_it_ended(rc)}; its running turns end "
+                    f"failed (worker_lost) once their lease lapses; starting a new worker"
+                    + (f" in {self._pause[i]:.0f} s" if self._pause[i] else ""),
+                    flush=True,
+                )
+                await anyio.sleep(self._pause[i])
+                if not self.stopping:
+                    self.procs[i] = _start_worker(self._url, self._schema)
+                    self._started[i] = time.monotonic()
 
 
 def _stop_workers(procs: list[subprocess.Popen[bytes]]) -> None:
@@ -92,13 +139,21 @@ async def _serve(url: str, sock: socket.socket, workers: int, schema: str) -> No
     applied = await runrow.migrate(url, schema=schema)
     if applied:
         print(f"runrow demo: migrated schema {schema!r} ({', '.join(map(str, applied))})", flush=True)
+    t = _WORKER_TIMING
     app = create_app(
-        url, schema=schema, in_process_workers=0 if workers else 1, dispatcher_options=_WORKER_TIMING
+        url,
+        schema=schema,
+        in_process_workers=0 if workers else 1,
+        dispatcher_options=t,
+        # Separate workers: the web process reaps as well (see _WORKER_TIMING).
+        reap_interval=t["poll"] if workers else None,
+        reap_grace=t["grace"],
+        worker_slots=workers * _WORKER_CONCURRENCY or None,
     )
     host, port = sock.getsockname()[:2]
     config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=3)
     server = _Server(config)
-    procs = _start_workers(workers, url, schema) if workers else []
+    pool = _Workers(workers, url, schema)
     try:
         async with anyio.create_task_group() as tg:
 
@@ -118,16 +173,19 @@ async def _serve(url: str, sock: socket.socket, workers: int, schema: str) -> No
                 with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                     async for signum in signals:
                         print(f"runrow demo: {signal.Signals(signum).name}, stopping", flush=True)
+                        pool.stopping = True
                         server.should_exit = True
                         return
 
             tg.start_soon(announce)
             tg.start_soon(on_signal)
+            tg.start_soon(pool.watch)
             await server.serve(sockets=[sock])
             tg.cancel_scope.cancel()
     finally:
+        pool.stopping = True
         with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(_stop_workers, procs)
+            await anyio.to_thread.run_sync(_stop_workers, pool.procs)
     if not server.started:
         raise SystemExit(f"runrow demo: could not serve on {host}:{port} (is the port in use?)")
 

@@ -33,6 +33,7 @@ function init() {
     if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); send(); }
   });
   $("#stop").addEventListener("click", stop);
+  updateStop();
   load();
 }
 
@@ -44,6 +45,9 @@ function switchTo(u, c) {
   for (const es of streams.values()) es.close();
   streams.clear();
   $("#turns").replaceChildren();
+  $("#notes").replaceChildren();
+  setTaken(false);
+  updateStop();
   load();
 }
 
@@ -64,6 +68,19 @@ async function api(method, path, body, headers = {}) {
 
 function showError(msg) { $("#error").textContent = msg || ""; }
 
+// Stop is for turns that are running or queued: with none, it is disabled.
+function updateStop() {
+  $("#stop").disabled = ![...document.querySelectorAll(".turn .status")]
+    .some((s) => s.textContent === "running" || s.textContent === "queued");
+}
+
+// Another user's conversation: said at once (the API answers 403), and Send is disabled.
+function setTaken(taken) {
+  $("#send").disabled = taken;
+  $("#composer").disabled = taken;
+  if (taken) showError(`conversation ${conversation()} belongs to another user: pick another name or start a new conversation`);
+}
+
 // -- per-run state kept across reloads ---------------------------------------------------
 const key = (runId) => "runrow.demo.run." + runId;
 function saved(runId) {
@@ -80,7 +97,7 @@ function turnEl(runId) {
   el.className = "turn";
   el.dataset.runId = runId;
   el.innerHTML = `<div class="head"><div class="user"></div><span class="status"></span></div>
-    <div class="tools"></div><div class="answer"></div><div class="meta"></div>`;
+    <div class="tools"></div><div class="answer"></div><div class="error" hidden></div><div class="meta"></div>`;
   el.querySelector(".meta").textContent = "run " + runId;
   $("#turns").appendChild(el);
   $("#empty").hidden = true;
@@ -92,6 +109,7 @@ function setStatus(runId, status) {
   if (TERMINAL.has(badge.textContent) && !TERMINAL.has(status)) return;  // terminal is sticky
   badge.textContent = status;
   badge.className = "status " + status;
+  updateStop();
   if (status === "queued") watchPosition(runId);
   else showPosition(runId, null);
 }
@@ -126,10 +144,32 @@ async function watchPosition(runId) {
 // tool_call_id and name. A reaped run's complete event lists the calls that never
 // finished (uncertain_tool_calls): their side effect may or may not have happened.
 function renderTools(runId, tools) {
-  turnEl(runId).querySelector(".tools").textContent = tools.map((t) =>
+  turnEl(runId).querySelector(".tools").textContent = (tools || []).map((t) =>
     t.result ? `✓ ${t.name}(${JSON.stringify(t.arguments)}) → ${JSON.stringify(t.result)}`
     : t.uncertain ? `⚠ ${t.name}(${JSON.stringify(t.arguments)}): outcome unknown (the worker was lost)`
     : `… ${t.name}(${JSON.stringify(t.arguments)})`).join("\n");
+}
+
+// Why a turn failed (e.g. "worker_lost: the worker stopped heartbeating ..."), under its answer.
+function showRunError(runId, error) {
+  const el = turnEl(runId).querySelector(".error");
+  el.textContent = error ? `${error.type || "error"}: ${error.message || ""}` : "";
+  el.hidden = !error;
+}
+
+function renderNotes(notes) {
+  $("#notes").replaceChildren(...notes.map((n) => {
+    const li = document.createElement("li"); li.textContent = n.text; return li;
+  }));
+}
+
+// The tool's side effect is visible as soon as the call finishes, not when the turn does.
+async function refreshNotes() {
+  try {
+    renderNotes((await api("GET", `/v1/conversations/${encodeURIComponent(conversation())}`)).notes);
+  } catch (err) {
+    showError(err.message);
+  }
 }
 
 async function load() {
@@ -138,9 +178,11 @@ async function load() {
   try {
     conv = await api("GET", `/v1/conversations/${encodeURIComponent(conversation())}`);
   } catch (err) {
-    if (err.status === 404) { $("#empty").hidden = false; $("#notes").replaceChildren(); return; }
+    if (err.status === 403) { $("#empty").hidden = false; $("#notes").replaceChildren(); setTaken(true); return; }
     showError(err.message); return;
   }
+  setTaken(false);
+  $("#empty").hidden = conv.turns.length > 0;
   for (const turn of conv.turns) {
     const run = turn.run;
     const el = turnEl(run.id);
@@ -152,8 +194,10 @@ async function load() {
       userEl.textContent = typeof turn.user_message === "string" ? turn.user_message : JSON.stringify(turn.user_message);
     }
     setStatus(run.id, run.status);
+    showRunError(run.id, run.error);
     const s = saved(run.id);
-    renderTools(run.id, s.tools);
+    // A finished turn's tool calls come with it (this tab may never have seen them stream).
+    renderTools(run.id, turn.tool_calls || s.tools);
     const answerEl = el.querySelector(".answer");
     if (streamedHere.has(run.id)) {
       // keep the streamed text: it is what this page received, event by event
@@ -161,17 +205,14 @@ async function load() {
       if (turn.answer) {
         answerEl.textContent = turn.answer.content;
         answerEl.classList.toggle("partial", turn.answer.status === "partial");
-      } else if (run.error) {
-        answerEl.textContent = `${run.error.type || "error"}: ${run.error.message || ""}`;
       }
     } else if (!streams.has(run.id)) {
       answerEl.textContent = s.text;  // what this tab had shown before a reload
       follow(run.id);
     }
   }
-  $("#notes").replaceChildren(...conv.notes.map((n) => {
-    const li = document.createElement("li"); li.textContent = n.text; return li;
-  }));
+  renderNotes(conv.notes);
+  updateStop();
 }
 
 // -- streaming ----------------------------------------------------------------------------
@@ -202,6 +243,7 @@ function follow(runId) {
         const t = st.tools.find((x) => x.tool_call_id === data.tool_call_id);
         if (t) t.result = data.result;
         renderTools(runId, st.tools); setStatus(runId, "running");
+        refreshNotes();
         break;
       }
       case "complete":
@@ -212,7 +254,7 @@ function follow(runId) {
         renderTools(runId, st.tools);
         setStatus(runId, data.status);
         el.querySelector(".answer").classList.toggle("partial", data.status !== "completed" && st.text !== "");
-        if (data.error && !st.text) el.querySelector(".answer").textContent = `${data.error.type}: ${data.error.message || ""}`;
+        showRunError(runId, data.error);
         break;
       default:
         if (seq > 2) setStatus(runId, "running");
@@ -227,10 +269,14 @@ function follow(runId) {
   };
   for (const type of EVENT_TYPES) es.addEventListener(type, onEvent);
   es.onerror = () => {
-    // The browser reconnects by itself (sending Last-Event-ID) unless the server refused.
+    // The browser reconnects by itself (sending Last-Event-ID) unless the server refused:
+    // a 204 means the run finished with nothing left to send, so read where it ended.
     if (es.readyState === EventSource.CLOSED) {
       streams.delete(runId);
-      showError(`lost the stream of run ${runId}; reload to resume`);
+      api("GET", `/v1/runs/${runId}`).then((run) => {
+        if (TERMINAL.has(run.status)) load();
+        else showError(`lost the stream of run ${runId}; reload to resume`);
+      }).catch((err) => showError(err.message));
     }
   };
 }
