@@ -17,25 +17,23 @@ Each long-lived loop is a service (``service.py``); per-run work runs in a task 
 
 from __future__ import annotations
 
-import functools
-import inspect
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio
 from psycopg_pool import AsyncConnectionPool
 
 from .. import _aio
 from .._db import describe, statement_conn
-from .._errors import ConfigurationError, InvalidInput
+from .._errors import ConfigurationError
 from .._events import DEFAULT_MAX_EVENT_BYTES
 from .._gateway import schema as _schema
 from .._gateway._exec import configure_own
 from .._hub import NotifyHub
 from .._names import DEFAULT_SCHEMA
 from .parts import Parts
-from .settings import Settings
+from .settings import Settings, check_agent
 
 if TYPE_CHECKING:
     import uuid
@@ -128,7 +126,7 @@ class Dispatcher:
         listen_conninfo: str | None = None,
         claim_order: ClaimOrder = "fair",
     ) -> None:
-        _check_agent(agent)
+        check_agent(agent)
         self._settings = Settings.validate(
             own_pool=isinstance(db, str),
             schema=schema,
@@ -388,24 +386,3 @@ class Dispatcher:
             except Exception as exc:  # best effort
                 log.debug("pool check failed: %s", describe(exc), extra={"worker_id": self.worker_id})
             await anyio.sleep(1.0)
-
-
-def _check_agent(agent: object) -> None:
-    """Refuses what cannot be an agent now, rather than failing every run it is given:
-    an ``async def`` function (or a partial of one, or an object whose ``__call__`` is
-    one) that takes the run as its one required positional argument."""
-    wanted = "must be an async function taking the run, as in `async def agent(run: RunContext) -> None`"
-    if not callable(agent):
-        raise InvalidInput("agent", f"{wanted}; got {type(agent).__name__}")
-    target: Any = agent
-    while isinstance(target, functools.partial):
-        target = target.func
-    call = target if inspect.isfunction(target) or inspect.ismethod(target) else type(target).__call__
-    if not inspect.iscoroutinefunction(call):
-        raise InvalidInput("agent", f"{wanted}; {agent!r} is not async (write it with `async def`)")
-    try:
-        inspect.signature(agent).bind(None)
-    except TypeError:
-        raise InvalidInput("agent", f"{wanted}; {agent!r} cannot be called with one argument") from None
-    except ValueError:  # no signature to read (a builtin): let it through
-        pass

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 import os
 import socket
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .. import _json
-from .._errors import ConfigurationError
+from .._errors import ConfigurationError, InvalidInput
 from .._names import Channels, check_schema
 
 if TYPE_CHECKING:
@@ -147,3 +149,24 @@ class Settings:
         ending handed over and sent within one more margin, as on the hot path, leaves
         at least this much of its budget, and goes out alone."""
         return self.finalize_timeout - 2 * self.ending_margin
+
+
+def check_agent(agent: object) -> None:
+    """Refuses what cannot be an agent now, rather than failing every run it is given:
+    an ``async def`` function (or a partial of one, or an object whose ``__call__`` is
+    one) that takes the run as its one required positional argument."""
+    wanted = "must be an async function taking the run, as in `async def agent(run: RunContext) -> None`"
+    if not callable(agent):
+        raise InvalidInput("agent", f"{wanted}; got {type(agent).__name__}")
+    target: Any = agent
+    while isinstance(target, functools.partial):
+        target = target.func
+    call = target if inspect.isfunction(target) or inspect.ismethod(target) else type(target).__call__
+    if not inspect.iscoroutinefunction(call):
+        raise InvalidInput("agent", f"{wanted}; {agent!r} is not async (write it with `async def`)")
+    try:
+        inspect.signature(agent).bind(None)
+    except TypeError:
+        raise InvalidInput("agent", f"{wanted}; {agent!r} cannot be called with one argument") from None
+    except ValueError:  # no signature to read (a builtin): let it through
+        pass
