@@ -128,6 +128,21 @@ def test_the_demo_data_dir_help_names_the_folder_the_demo_uses(monkeypatch: pyte
     assert "/home/ann/.local/share/runrow/demo" in data_dir_help()
 
 
+def test_the_readme_lists_every_command() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    listed = " ".join(readme.split("The `runrow` command:", 1)[1].split("\n\n", 1)[0].split())
+    groups = {name: parser for name, parser in _parsers(build_parser()) if name.count(" ") == 1}
+    for name, parser in groups.items():
+        command = name.split()[1]
+        subs = sorted(n.split()[2] for n, _ in _parsers(parser, name) if n.count(" ") == 2)
+        if subs:
+            pattern = f"`{command} " + "|".join(subs)
+            entry = next((e for e in listed.split("`")[1::2] if e.startswith(f"{command} ")), "")
+            assert sorted(entry.split()[1].split("|")) == subs, (pattern, entry)
+        else:
+            assert f"`{command}" in listed, command
+
+
 # -- ids -----------------------------------------------------------------------------
 
 
