@@ -143,6 +143,15 @@ def test_the_readme_lists_every_command() -> None:
             assert f"`{command}" in listed, command
 
 
+def test_no_database_names_both_ways_and_the_dev_db() -> None:
+    out = cli("stats", env={"DATABASE_URL": ""})
+    assert out.returncode == 1
+    assert out.stderr == (
+        "runrow: no database: pass --database-url URL or set DATABASE_URL "
+        '(for a local one: eval "$(runrow dev-db start)")\n'
+    )
+
+
 # -- ids -----------------------------------------------------------------------------
 
 

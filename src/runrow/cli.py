@@ -1,4 +1,4 @@
-"""The ``runrow`` command: migrate, run workers, inspect and stop runs."""
+"""The ``runrow`` command: migrate, run workers, inspect and stop runs, a development database."""
 
 from __future__ import annotations
 
@@ -55,7 +55,10 @@ def _out(args: argparse.Namespace, data: Any, text: str) -> None:
 def _database_url(args: argparse.Namespace) -> str:
     url: str | None = args.database_url or os.environ.get("DATABASE_URL")
     if not url:
-        raise SystemExit("runrow: no database: pass --database-url URL or set DATABASE_URL")
+        raise SystemExit(
+            "runrow: no database: pass --database-url URL or set DATABASE_URL "
+            '(for a local one: eval "$(runrow dev-db start)")'
+        )
     return url
 
 
