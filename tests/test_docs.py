@@ -4,7 +4,10 @@ The blocks of one page run in order in one namespace (like a notebook), with top
 ``await`` allowed and ``DATABASE_URL`` set to the test database, whose default
 ``runrow`` schema is freshly migrated for each page (and the host schema ``app``, which
 the pages use for the host's own tables, starts empty). A block preceded by an HTML
-comment ``<!-- no-test: reason -->`` is not run; keep those few and say why.
+comment ``<!-- no-test: reason -->`` is not run; keep those few and say why. A block
+preceded by ``<!-- file: path/from/the/repo.py -->`` shows that file: it must match the
+file exactly, and is not run here (the file is a program of its own, and a test runs it,
+e.g. tests/test_quickstart.py runs examples/quickstart/).
 """
 
 from __future__ import annotations
@@ -26,12 +29,13 @@ pytestmark = pytest.mark.anyio
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>[\w+-]*)[^\n]*$")
 NO_TEST = re.compile(r"^<!--\s*no-test:\s*(?P<reason>\S.*?)\s*-->\s*$")
+FILE = re.compile(r"^<!--\s*file:\s*(?P<path>\S+)\s*-->\s*$")
 MAX_NO_TEST = 6
 
 
 class Block:
-    def __init__(self, path: Path, line: int, code: str, skip: str | None) -> None:
-        self.path, self.line, self.code, self.skip = path, line, code, skip
+    def __init__(self, path: Path, line: int, code: str, skip: str | None, file: str | None = None) -> None:
+        self.path, self.line, self.code, self.skip, self.file = path, line, code, skip, file
 
     def __repr__(self) -> str:
         return f"{self.path.relative_to(DOCS)}:{self.line}"
@@ -58,7 +62,16 @@ def python_blocks(path: Path) -> list[Block]:
         assert not m.group("indent"), f"{path}:{start + 1}: indented python blocks are not run; dedent it"
         prev = next((lines[j] for j in range(start - 1, -1, -1) if lines[j].strip()), "")
         skip = NO_TEST.match(prev.strip())
-        blocks.append(Block(path, start + 1, "\n".join(body), skip.group("reason") if skip else None))
+        file = FILE.match(prev.strip())
+        blocks.append(
+            Block(
+                path,
+                start + 1,
+                "\n".join(body),
+                skip.group("reason") if skip else None,
+                file.group("path") if file else None,
+            )
+        )
     return blocks
 
 
@@ -100,7 +113,7 @@ async def test_page_snippets_run(page: Path, dsn: str) -> None:
     namespace: dict[str, object] = {"__name__": "__docs__", "DATABASE_URL": dsn}
     try:
         for block in python_blocks(page):
-            if block.skip:
+            if block.skip or block.file:
                 continue
             # Tracebacks name the page and its line numbers, and show its lines.
             name = f"docs/{page.relative_to(DOCS)}"
@@ -115,6 +128,19 @@ async def test_page_snippets_run(page: Path, dsn: str) -> None:
     finally:
         # Whatever the page created (the default schema, app, and any other) goes.
         await _drop(dsn, await _schemas(dsn) - existing)
+
+
+FILE_BLOCKS = [b for p in PAGES for b in python_blocks(p) if b.file]
+
+
+@pytest.mark.parametrize("block", FILE_BLOCKS, ids=[f"{b!r}:{b.file}" for b in FILE_BLOCKS])
+def test_a_block_that_shows_a_file_matches_it(block: Block) -> None:
+    assert block.file is not None
+    path = DOCS.parent / block.file
+    assert path.is_file(), f"{block!r} shows {block.file}, which does not exist"
+    assert block.code == path.read_text(encoding="utf-8").rstrip("\n"), (
+        f"{block!r} differs from {block.file}: paste the file into the page again"
+    )
 
 
 def test_the_site_builds_strictly(tmp_path: Path) -> None:

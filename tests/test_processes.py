@@ -4,6 +4,7 @@ SIGKILL, SIGSTOP past the lease, SIGTERM drain."""
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import signal
 import subprocess
@@ -386,5 +387,37 @@ async def test_cli_worker_runs_and_drains_on_sigterm(
     out, rest = proc.communicate(timeout=30)
     err = "".join(early) + rest
     assert proc.returncode == 0, err[-2000:]
-    assert "stopped: 0 finished, 0 interrupted, 0 left for the reaper" in out
+    assert out.splitlines()[-1] == "runrow worker stopped: 0 finished, 0 interrupted, 0 left for the reaper"
     assert err.count("started") >= 3 and "completed" in err  # one log line per run start/end
+
+
+async def test_cli_worker_json_reports_ready_and_drain_and_logs_json(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection, workers: Workers
+) -> None:
+    """`runrow worker --json`: JSON events on stdout, JSON log lines on stderr."""
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "runrow.cli", "worker", "tests.agents:record_agent", "--json"),
+            *("--database-url", dsn, "--schema", schema, "--concurrency", "2", "--poll-seconds", "0.5"),
+        ],
+        cwd=ROOT,
+        env=workers.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    workers.procs.append(proc)
+    assert proc.stdout is not None
+    ready = json.loads(proc.stdout.readline())
+    assert (ready["event"], ready["concurrency"]) == ("ready", 2) and ready["worker_id"]
+    run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
+    await wait_for(lambda: _is(conn, schema, run.id, "completed"), what="a run via the JSON worker")
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err[-2000:]
+    events = [json.loads(line) for line in out.splitlines()]
+    assert events[0] == {"event": "draining", "signal": "SIGTERM", "drain_seconds": 30.0}
+    assert events[1]["event"] == "stopped" and events[1]["left_for_reaper"] == []
+    logs = [json.loads(line) for line in err.splitlines()]
+    assert any(line.get("run_id") == str(run.id) for line in logs), logs
+    assert all({"time", "level", "logger", "message"} <= line.keys() for line in logs)

