@@ -226,13 +226,15 @@ class Executor:
                 self._stats[status] += 1
                 if error is None:
                     log.info("run %s %s", active.id, status, extra={**extra, "status": status})
-                else:  # what failed it, in the line itself (the message is bounded: see _failure)
+                else:
+                    # What failed it, by type: the message stays in the run's row and
+                    # journal, since it may quote what a user wrote, and logs never do.
                     log.warning(
-                        "run %s %s: %s: %s",
+                        "run %s %s: %s (its message: runrow runs show %s)",
                         active.id,
                         status,
                         error.get("type"),
-                        error.get("message"),
+                        active.id,
                         extra={**extra, "status": status},
                     )
             else:
