@@ -34,7 +34,7 @@ CONCURRENCIES = (1, 4, 16)
 # -- the child: one side, one round ---------------------------------------------------
 
 
-async def _child(conninfo: str, schema: str, runs: int, samples: int) -> dict[str, float]:
+async def _child(conninfo: str, schema: str, runs: int, samples: int, cases: str) -> dict[str, float]:
     import anyio
 
     import runrow
@@ -84,8 +84,12 @@ async def _child(conninfo: str, schema: str, runs: int, samples: int) -> dict[st
             for c in conns:
                 await c.close()
 
+    wanted = set(cases.split(",")) if cases else None
     for op in ("noop", "full"):
         for c in CONCURRENCIES:
+            case = f"{'core' if op == 'noop' else 'full'} c{c}"
+            if wanted is not None and case not in wanted:
+                continue
             n = runs * max(1, c // 4) if c > 1 else runs // 2
             await enqueue(n, op, f"{op}{c}-")
             done[0] = 0
@@ -94,12 +98,13 @@ async def _child(conninfo: str, schema: str, runs: int, samples: int) -> dict[st
                 while done[0] < n:
                     await anyio.sleep(0.002)
                 elapsed, cpu = time.monotonic() - t0, time.process_time() - cpu0
-            case = f"{'core' if op == 'noop' else 'full'} c{c}"
             results[case] = n / elapsed
             # The worker process's CPU per run: robust to a busy machine, unlike runs/s.
             # (It includes this loop's 2 ms polls: the same on both sides.)
             results[f"{case} cpu us/run"] = cpu / n * 1e6
 
+    if wanted is not None and not wanted & {"wake", "cancel"}:
+        return results
     async with runrow.Dispatcher(conninfo, agent, schema=schema, concurrency=4, **timing):
         await anyio.sleep(0.5)  # the hub is listening and the claimer idle
         wakes = []
@@ -135,9 +140,9 @@ async def _child(conninfo: str, schema: str, runs: int, samples: int) -> dict[st
 # -- the parent -------------------------------------------------------------------------
 
 
-def _run_side(src: Path, conninfo: str, schema: str, runs: int, samples: int) -> dict[str, float]:
+def _run_side(src: Path, conninfo: str, schema: str, runs: int, samples: int, cases: str) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": str(src)}
-    cmd = [sys.executable, __file__, "--child", conninfo, schema, str(runs), str(samples)]
+    cmd = [sys.executable, __file__, "--child", conninfo, schema, str(runs), str(samples), cases]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, timeout=900)
     if out.returncode != 0:
         raise RuntimeError(f"side {src} failed:\n{out.stderr[-3000:]}")
@@ -154,6 +159,9 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=1200, help="runs drained per case at c=4 (scaled by c)")
     parser.add_argument("--samples", type=int, default=30, help="wake samples per round (a third for cancel)")
     parser.add_argument("--json", type=Path, help="write every round's figures here")
+    parser.add_argument(
+        "--cases", default="", help="only these, comma-separated (e.g. 'core c1,core c16,wake')"
+    )
     args = parser.parse_args()
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
@@ -166,7 +174,7 @@ def main() -> int:
             order = ("a", "b") if r % 2 == 0 else ("b", "a")
             for side in order:
                 src = args.a if side == "a" else args.b
-                got = _run_side(src.resolve(), conninfo, f"ab_{side}{r}", args.runs, args.samples)
+                got = _run_side(src.resolve(), conninfo, f"ab_{side}{r}", args.runs, args.samples, args.cases)
                 for case, value in got.items():
                     per[side].setdefault(case, []).append(value)
                 print(
@@ -189,8 +197,14 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         import anyio
 
-        conninfo, schema, runs, samples = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
-        figures = anyio.run(_child, conninfo, schema, runs, samples, backend="asyncio")
+        conninfo, schema, runs, samples, cases = (
+            sys.argv[2],
+            sys.argv[3],
+            int(sys.argv[4]),
+            int(sys.argv[5]),
+            sys.argv[6],
+        )
+        figures = anyio.run(_child, conninfo, schema, runs, samples, cases, backend="asyncio")
         print(json.dumps(figures), flush=True)
         sys.exit(0)
     sys.exit(main())

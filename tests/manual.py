@@ -6,7 +6,6 @@ replay races deterministically, with an injectable clock where the SQL takes one
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import uuid
 from datetime import datetime
@@ -31,7 +30,7 @@ async def claim(
     rows = await claims.claim(
         conn, schema, order="fair", limit=limit, lease_seconds=lease, worker_id=worker_id, now=now
     )
-    return [dataclasses.asdict(r) for r in rows]
+    return [r._asdict() for r in rows]
 
 
 async def heartbeat(

@@ -3,8 +3,7 @@ and the bounds it sets around them (``ending_budget*``, ``sql/session.sql``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .. import _sql
 from ._exec import execute
@@ -19,8 +18,7 @@ if TYPE_CHECKING:
     from .._names import Channels
 
 
-@dataclass(frozen=True, slots=True)
-class Ending:
+class Ending(NamedTuple):
     """One run's terminal write: its status, error and unsaved answer text, and its last
     events (the terminal ``complete`` event is the last of them)."""
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .. import _sql
 from ._exec import execute
@@ -21,8 +21,7 @@ if TYPE_CHECKING:
 EventRow = tuple[int, str, str]
 
 
-@dataclass(frozen=True, slots=True)
-class Appended:
+class Appended(NamedTuple):
     """One run's events for one batched append, behind its claim token."""
 
     run_id: uuid.UUID
