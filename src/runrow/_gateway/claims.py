@@ -62,8 +62,17 @@ async def claim(
 
 
 def _rows(cursor: AsyncCursor[Any]) -> Callable[[Sequence[Any]], ClaimedRun]:
-    """The claim's row factory: each row as a ClaimedRun, once its columns are checked."""
-    names = [column.name for column in cursor.description or ()]
-    if names and names != list(ClaimedRun._fields):
-        raise RuntimeError(f"the claim returns {names}, not the fields of ClaimedRun")
+    """The claim's row factory: each row as a ClaimedRun. The columns' names are checked
+    against its fields once per process (reading them is not free, and the claim is the
+    hot path): the statement is fixed, so once is enough."""
+    global _checked
+    result = cursor.pgresult
+    if not _checked and result is not None and result.nfields:
+        names = [(result.fname(i) or b"").decode() for i in range(result.nfields)]
+        if names != list(ClaimedRun._fields):
+            raise RuntimeError(f"the claim returns {names}, not the fields of ClaimedRun")
+        _checked = True
     return ClaimedRun._make
+
+
+_checked = False
