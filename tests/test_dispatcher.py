@@ -909,6 +909,54 @@ async def test_dispatcher_refuses_an_unmigrated_schema(dsn: str) -> None:
             pass
 
 
+class _DeafHub(runrow.NotifyHub):
+    """A hub whose subscriptions fail: a service that needs one fails as it starts."""
+
+    def subscribe(self, *channels: str) -> Any:
+        raise RuntimeError("no LISTEN today")
+
+
+async def test_a_start_that_fails_half_way_leaves_nothing_running(dsn: str, schema: str) -> None:
+    """The wake forwarder fails as it starts, after the writers, the heartbeat and the
+    reaper are already running: the dispatcher must stop them, leave its task group and
+    close its own pool before the error reaches the host, as if it had never started."""
+
+    async def agent(run: runrow.RunContext) -> None:
+        return None
+
+    d = runrow.Dispatcher(dsn, agent, schema=schema, hub=_DeafHub(dsn), poll=0.2, reap_interval=0.05)
+    with pytest.raises(RuntimeError, match="no LISTEN today"):
+        async with d:
+            pass
+    assert d._parts is not None
+    running = d._parts.services._running
+    assert {"appends", "endings", "heartbeat", "reaper"} <= set(running)
+    assert all(r.done.is_set() for r in running.values()), "a service is still running"
+    assert d._tg is None
+    assert d._pool is not None and d._pool.closed
+
+
+async def test_a_stop_before_the_start_does_not_spoil_the_drain(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    """stop() on a dispatcher that never started has nothing to drain; it used to keep its
+    empty report, and the real shutdown later returned it without draining anything."""
+    release = anyio.Event()
+
+    async def agent(run: runrow.RunContext) -> None:
+        await release.wait()
+
+    d = runrow.Dispatcher(dsn, agent, schema=schema, **FAST)
+    assert await d.stop() == runrow.DrainReport()
+    async with d:
+        run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
+        await wait_for(lambda: run.id in d.in_flight, what="the run to start")
+        release.set()
+        report = await d.stop(drain_timeout=10)
+    assert report.finished == [run.id]
+    assert await status_of(conn, schema, run.id) == "completed"
+
+
 async def test_invalid_events_are_rejected_and_the_run_fails(
     dsn: str, schema: str, conn: psycopg.AsyncConnection
 ) -> None:

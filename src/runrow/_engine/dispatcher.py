@@ -235,21 +235,37 @@ class Dispatcher:
             await self._close_resources()
             raise
         parts = self._parts = Parts(self)
-        tg, services = self._tg, parts.services
-        await services.start(tg, "appends", parts.appender.run)
-        await services.start(tg, "endings", parts.endings.run)
-        await services.start(tg, "heartbeat", parts.lease.heartbeats)
-        await services.start(tg, "reaper", parts.reaper.run)
-        await services.start(tg, "pool-check", self._check_pool)
-        if self._hub is not None:
-            hub = self._hub
-            await services.start(
-                tg, "wakes", lambda *, task_status: parts.claimer.forward_wakes(hub, task_status=task_status)
-            )
-            await services.start(
-                tg, "cancels", lambda *, task_status: parts.lease.watch_cancels(hub, task_status=task_status)
-            )
-        await services.start(tg, "claimer", parts.claimer.run)
+        try:
+            tg, services = self._tg, parts.services
+            await services.start(tg, "appends", parts.appender.run)
+            await services.start(tg, "endings", parts.endings.run)
+            await services.start(tg, "heartbeat", parts.lease.heartbeats)
+            await services.start(tg, "reaper", parts.reaper.run)
+            await services.start(tg, "pool-check", self._check_pool)
+            if self._hub is not None:
+                hub = self._hub
+                await services.start(
+                    tg,
+                    "wakes",
+                    lambda *, task_status: parts.claimer.forward_wakes(hub, task_status=task_status),
+                )
+                await services.start(
+                    tg,
+                    "cancels",
+                    lambda *, task_status: parts.lease.watch_cancels(hub, task_status=task_status),
+                )
+            await services.start(tg, "claimer", parts.claimer.run)
+        except BaseException:
+            # A service failed to start (a hub that cannot subscribe) or the host cancelled
+            # the start: stop what did start and release everything, as if never started.
+            # (The task group's scope is left in the scope it was entered in: no shield
+            # around it, as in __aexit__.)
+            tg, self._tg = self._tg, None
+            if tg is not None:
+                tg.cancel_scope.cancel()
+                await tg.__aexit__(None, None, None)
+            await self._close_resources()
+            raise
         log.info(
             "dispatcher %s started (concurrency %d)",
             s.worker_id,
@@ -302,8 +318,7 @@ class Dispatcher:
             return self._report
         parts = self._parts
         if self._tg is None or parts is None:
-            self._report = DrainReport()
-            return self._report
+            return DrainReport()  # not running: nothing to drain (and a later start drains as usual)
         s, roster = self._settings, parts.roster
         parts.claimer.stopping = True
         # A claim in flight finishes and its runs start.
