@@ -21,7 +21,7 @@ class ClaimedRun(NamedTuple):
     """One run a claim took: the row, stamped with this claim's token and lease.
 
     A named tuple, built straight from the row (the claim's RETURNING list has these
-    columns in this order; :func:`_rows` checks the names once per claim): the claim is
+    columns in this order; :func:`_check_columns` checks the names once per process): the claim is
     the hot path, and a tuple costs less to build than any other record."""
 
     id: uuid.UUID
@@ -58,20 +58,29 @@ async def claim(
         {"limit": limit, "lease_seconds": lease_seconds, "worker_id": worker_id, "now": now},
         cursor=cur,
     )
-    return await cur.fetchall()
+    rows = await cur.fetchall()
+    if not _checked:
+        _check_columns(cur)
+    return rows
+
+
+def _check_columns(cursor: AsyncCursor[Any]) -> None:
+    """Checks, once per process, that the claim's columns are ClaimedRun's fields in order
+    (rows are built by position; reading the names is not free, and the statement is
+    fixed). Called after the rows are read: never while a pipeline is being processed,
+    where an exception would leave the connection unusable."""
+    global _checked
+    result = cursor.pgresult
+    if result is None or not result.nfields:
+        return
+    names = [(result.fname(i) or b"").decode() for i in range(result.nfields)]
+    if names != list(ClaimedRun._fields):
+        raise RuntimeError(f"the claim returns {names}, not the fields of ClaimedRun")
+    _checked = True
 
 
 def _rows(cursor: AsyncCursor[Any]) -> Callable[[Sequence[Any]], ClaimedRun]:
-    """The claim's row factory: each row as a ClaimedRun. The columns' names are checked
-    against its fields once per process (reading them is not free, and the claim is the
-    hot path): the statement is fixed, so once is enough."""
-    global _checked
-    result = cursor.pgresult
-    if not _checked and result is not None and result.nfields:
-        names = [(result.fname(i) or b"").decode() for i in range(result.nfields)]
-        if names != list(ClaimedRun._fields):
-            raise RuntimeError(f"the claim returns {names}, not the fields of ClaimedRun")
-        _checked = True
+    """The claim's row factory: each row as a ClaimedRun, by position."""
     return ClaimedRun._make
 
 
