@@ -266,12 +266,8 @@ class Dispatcher:
                 await tg.__aexit__(None, None, None)
             await self._close_resources()
             raise
-        log.info(
-            "dispatcher %s started (concurrency %d)",
-            s.worker_id,
-            s.concurrency,
-            extra={"worker_id": s.worker_id},
-        )
+        extra = {"worker_id": s.worker_id}
+        log.info("dispatcher %s started (concurrency %d)", s.worker_id, s.concurrency, extra=extra)
         return self
 
     async def __aexit__(
@@ -342,12 +338,10 @@ class Dispatcher:
         )
         with anyio.CancelScope(shield=True):
             await parts.services.stop(timeout=s.finalize_timeout)
+        r = self._report
         log.info(
             "dispatcher %s stopped: %d finished, %d interrupted, %d left for the reaper",
-            s.worker_id,
-            len(self._report.finished),
-            len(self._report.interrupted),
-            len(self._report.left_for_reaper),
+            *(s.worker_id, len(r.finished), len(r.interrupted), len(r.left_for_reaper)),
             extra={"worker_id": s.worker_id},
         )
         return self._report
