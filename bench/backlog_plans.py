@@ -108,7 +108,13 @@ async def probe(ci, schema, case):
             await conn.execute("SET LOCAL jit = off")
             cur = await conn.execute(
                 statement_text("claim_fifo", schema),
-                {"limit": 16, "lease_seconds": 300.0, "worker_id": "probe", "now": None},
+                {
+                    "limit": 16,
+                    "lease_seconds": 300.0,
+                    "worker_id": "probe",
+                    "now": None,
+                    "retry_policy": None,
+                },
             )
             running = await cur.fetchall()
         ids = [r[0] for r in running]
@@ -141,12 +147,14 @@ async def probe(ci, schema, case):
                 "lease_seconds": 30.0,
                 "worker_id": "probe",
                 "now": None,
+                "retry_policy": None,
             },
             "claim_fifo": {
                 "limit": int(os.environ.get("LIMIT", "4")),
                 "lease_seconds": 30.0,
                 "worker_id": "probe",
                 "now": None,
+                "retry_policy": None,
             },
             "enqueue": enq,
             "enqueue_gated": {**enq, "max_queued_tenant": 1_000_000, "max_queued_conversation": 1_000},

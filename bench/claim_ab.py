@@ -86,7 +86,13 @@ async def main():
                 async with await psycopg.AsyncConnection.connect(ci, autocommit=True) as c:
                     await c.execute(
                         statement_text("claim_fifo", schema),
-                        {"limit": 16, "lease_seconds": 300.0, "worker_id": "p", "now": None},
+                        {
+                            "limit": 16,
+                            "lease_seconds": 300.0,
+                            "worker_id": "p",
+                            "now": None,
+                            "retry_policy": None,
+                        },
                     )
                 times = {"old": [], "new": []}
                 for i in range(N):
@@ -95,7 +101,14 @@ async def main():
                         async with c.transaction(force_rollback=True):
                             t0 = time.perf_counter()
                             cur = await c.execute(
-                                q, {"limit": LIMIT, "lease_seconds": 30.0, "worker_id": "x", "now": None}
+                                q,
+                                {
+                                    "limit": LIMIT,
+                                    "lease_seconds": 30.0,
+                                    "worker_id": "x",
+                                    "now": None,
+                                    "retry_policy": None,
+                                },
                             )
                             got = await cur.fetchall()
                             times[v].append((time.perf_counter() - t0) * 1000)

@@ -70,7 +70,7 @@ async def _seed(conn: psycopg.AsyncConnection, schema: str, size: int, tenants: 
 
 async def _latency(conn: psycopg.AsyncConnection, query: bytes) -> list[float]:
     out = []
-    params = {"limit": LIMIT, "lease_seconds": 30, "worker_id": "perf", "now": None}
+    params = {"limit": LIMIT, "lease_seconds": 30, "worker_id": "perf", "now": None, "retry_policy": None}
     for _ in range(SAMPLES):
         async with conn.transaction(force_rollback=True):
             t0 = time.perf_counter()
@@ -91,7 +91,14 @@ async def _drain(dsn: str, schema: str, query: bytes, total: int) -> float:
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
             while done < total:
                 cur = await conn.execute(
-                    query, {"limit": LIMIT, "lease_seconds": 30, "worker_id": "perf", "now": None}
+                    query,
+                    {
+                        "limit": LIMIT,
+                        "lease_seconds": 30,
+                        "worker_id": "perf",
+                        "now": None,
+                        "retry_policy": None,
+                    },
                 )
                 rows = await cur.fetchall()
                 if not rows:

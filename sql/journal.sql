@@ -39,7 +39,7 @@ FROM {schema}.agent_run WHERE id = %(run_id)s
 -- Deletes the journal of runs finished longer ago than the retention window and nulls
 -- their request snapshot (it may hold personal data). The transcript stays.
 WITH old AS (
-    SELECT id FROM {schema}.agent_run
+    SELECT id, coalesce(lineage_id, id) AS lineage_id FROM {schema}.agent_run
     WHERE finished_at IS NOT NULL AND NOT journal_trimmed
       AND finished_at < coalesce(%(now)s::timestamptz, now())
                         - make_interval(secs => %(retention_seconds)s)
@@ -48,6 +48,17 @@ WITH old AS (
     FOR UPDATE SKIP LOCKED
 ), gone AS (
     DELETE FROM {schema}.run_event e USING old WHERE e.run_id = old.id RETURNING 1
+), steps AS (
+    -- A lineage's step records go with the last of its runs to be trimmed: while any
+    -- other run of it is unfinished (a queued retry replays them) or untrimmed (it may
+    -- still be retried, and that retry replays them), they stay. (retry takes its run
+    -- FOR SHARE, so a retry being made now holds this trim off that run.)
+    DELETE FROM {schema}.run_step s USING old
+    WHERE s.lineage_id = old.lineage_id
+      AND NOT EXISTS (SELECT 1 FROM {schema}.agent_run r
+                      WHERE (r.id = old.lineage_id OR r.lineage_id = old.lineage_id)
+                        AND (r.finished_at IS NULL OR NOT r.journal_trimmed)
+                        AND r.id NOT IN (SELECT id FROM old))
 ), marked AS (
     UPDATE {schema}.agent_run a SET journal_trimmed = true, request = NULL
     FROM old WHERE a.id = old.id

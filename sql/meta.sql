@@ -25,3 +25,8 @@ SELECT to_regclass(%(version_table)s) IS NOT NULL AS present
 
 -- name: max_version
 SELECT coalesce(max(version), 0) AS version FROM {schema}.schema_version
+
+-- name: drop_schema
+-- Only for the throwaway schemas of runrow/testing.py (its name guard runs first);
+-- runrow never drops a schema of its own accord.
+DROP SCHEMA IF EXISTS {schema} CASCADE

@@ -54,12 +54,12 @@ WITH serial AS (
             SELECT least(count(*) FILTER (WHERE x.status = 'queued'), %(max_queued_conversation)s::integer)
             FROM (
                 SELECT q.status FROM {schema}.agent_run q
-                WHERE q.conversation_id = %(conversation_id)s AND q.status IN ('queued', 'running')
+                WHERE q.conversation_id = %(conversation_id)s AND q.status IN ('queued', 'running', 'waiting')
                 ORDER BY q.queue_order
                 LIMIT %(max_queued_conversation)s::integer + 1) x) END AS conversation_queued,
         CASE WHEN %(reject_if_busy)s::boolean THEN EXISTS (
             SELECT 1 FROM {schema}.agent_run b
-            WHERE b.conversation_id = %(conversation_id)s AND b.status IN ('queued', 'running'))
+            WHERE b.conversation_id = %(conversation_id)s AND b.status IN ('queued', 'running', 'waiting'))
         ELSE false END AS busy
     FROM serial
 ), admitted AS (
@@ -154,7 +154,7 @@ WHERE a.user_id = %(user_id)s AND a.idempotency_key = %(idempotency_key)s
 -- are skipped. A single claim's pick is exact; a batch is exact unless tenants' runs are
 -- blocked (conversation order, not_before), when it may come back smaller. With one
 -- tenant queued (solo, below) none of that ranking runs: its queue is walked in order.
--- The unique index one_running_per_conversation is still the guarantee.
+-- The unique index one_turn_per_conversation is still the guarantee.
 -- The batch size is read through a one-row CTE, not used inline: the planner then cannot
 -- specialise a plan on it, so a prepared claim settles on its generic plan instead of
 -- planning the whole statement again on every call (about half of the claim's cost).
@@ -210,12 +210,12 @@ WITH RECURSIVE lim (n) AS (
            (t.not_before IS NULL OR t.not_before <= coalesce(%(now)s::timestamptz, now()))
            AND NOT EXISTS (
                SELECT 1 FROM {schema}.agent_run o
-               WHERE o.conversation_id = t.conversation_id AND o.status = 'running'
+               WHERE o.conversation_id = t.conversation_id AND o.status IN ('running', 'waiting')
                OFFSET 0)
            AND NOT EXISTS (
                SELECT 1 FROM {schema}.agent_run o
                WHERE o.conversation_id = t.conversation_id
-                 AND o.status IN ('queued', 'running') AND o.queue_order < t.queue_order
+                 AND o.status IN ('queued', 'running', 'waiting') AND o.queue_order < t.queue_order
                OFFSET 0) AS ready
     FROM tenants t
 ), ranked AS (
@@ -246,12 +246,12 @@ WITH RECURSIVE lim (n) AS (
           -- no index on the queue alone, so stale statistics cannot make it a queue walk.)
           AND NOT EXISTS (
               SELECT 1 FROM {schema}.agent_run o
-              WHERE o.conversation_id = r.conversation_id AND o.status = 'running'
+              WHERE o.conversation_id = r.conversation_id AND o.status IN ('running', 'waiting')
               OFFSET 0)
           AND NOT EXISTS (
               SELECT 1 FROM {schema}.agent_run o
               WHERE o.conversation_id = r.conversation_id
-                AND o.status IN ('queued', 'running') AND o.queue_order < r.queue_order
+                AND o.status IN ('queued', 'running', 'waiting') AND o.queue_order < r.queue_order
               OFFSET 0)
         ORDER BY r.priority DESC, r.queue_order
         LIMIT s.offer
@@ -289,12 +289,12 @@ WITH RECURSIVE lim (n) AS (
       AND (r.not_before IS NULL OR r.not_before <= coalesce(%(now)s::timestamptz, now()))
       AND NOT EXISTS (  -- per-row probes (OFFSET 0), as above
           SELECT 1 FROM {schema}.agent_run o
-          WHERE o.conversation_id = r.conversation_id AND o.status = 'running'
+          WHERE o.conversation_id = r.conversation_id AND o.status IN ('running', 'waiting')
           OFFSET 0)
       AND NOT EXISTS (
           SELECT 1 FROM {schema}.agent_run o
           WHERE o.conversation_id = r.conversation_id
-            AND o.status IN ('queued', 'running') AND o.queue_order < r.queue_order
+            AND o.status IN ('queued', 'running', 'waiting') AND o.queue_order < r.queue_order
           OFFSET 0)
     ORDER BY r.priority DESC, r.queue_order
     LIMIT (SELECT room FROM solo)
@@ -310,6 +310,7 @@ UPDATE {schema}.agent_run a SET
     claim_expires_at  = coalesce(%(now)s::timestamptz, clock_timestamp())
                         + make_interval(secs => %(lease_seconds)s),
     worker_id         = %(worker_id)s,
+    retry_policy      = %(retry_policy)s::jsonb,
     started_at        = coalesce(%(now)s::timestamptz, clock_timestamp()),
     last_heartbeat_at = coalesce(%(now)s::timestamptz, clock_timestamp())
 -- (By primary key from an array, not joined: joined, a long queue's estimates could
@@ -317,6 +318,7 @@ UPDATE {schema}.agent_run a SET
 WHERE a.id = ANY (ARRAY(SELECT id FROM candidate))
 RETURNING a.id, a.claim_token, a.conversation_id, a.user_id, a.tenant_id, a.request,
     a.user_message_id, a.cancel_requested, a.created_at, a.started_at, a.deadline_at, a.priority,
+    a.lineage_id, a.attempt, a.resumes,
     (SELECT m.content FROM {schema}.message m WHERE m.id = a.user_message_id) AS content,
     (SELECT coalesce(max(e.seq), 0) FROM {schema}.run_event e WHERE e.run_id = a.id) AS last_seq
 
@@ -333,12 +335,12 @@ WITH lim (n) AS (
       AND (r.not_before IS NULL OR r.not_before <= coalesce(%(now)s::timestamptz, now()))
       AND NOT EXISTS (  -- per-row probes (OFFSET 0), as in the fair claim
           SELECT 1 FROM {schema}.agent_run o
-          WHERE o.conversation_id = r.conversation_id AND o.status = 'running'
+          WHERE o.conversation_id = r.conversation_id AND o.status IN ('running', 'waiting')
           OFFSET 0)
       AND NOT EXISTS (
           SELECT 1 FROM {schema}.agent_run o
           WHERE o.conversation_id = r.conversation_id
-            AND o.status IN ('queued', 'running') AND o.queue_order < r.queue_order
+            AND o.status IN ('queued', 'running', 'waiting') AND o.queue_order < r.queue_order
           OFFSET 0)
     ORDER BY r.queue_order
     LIMIT (SELECT n FROM lim)
@@ -350,11 +352,13 @@ UPDATE {schema}.agent_run a SET
     claim_expires_at  = coalesce(%(now)s::timestamptz, clock_timestamp())
                         + make_interval(secs => %(lease_seconds)s),
     worker_id         = %(worker_id)s,
+    retry_policy      = %(retry_policy)s::jsonb,
     started_at        = coalesce(%(now)s::timestamptz, clock_timestamp()),
     last_heartbeat_at = coalesce(%(now)s::timestamptz, clock_timestamp())
 WHERE a.id = ANY (ARRAY(SELECT id FROM candidate))  -- (by primary key, as in the fair claim)
 RETURNING a.id, a.claim_token, a.conversation_id, a.user_id, a.tenant_id, a.request,
     a.user_message_id, a.cancel_requested, a.created_at, a.started_at, a.deadline_at, a.priority,
+    a.lineage_id, a.attempt, a.resumes,
     (SELECT m.content FROM {schema}.message m WHERE m.id = a.user_message_id) AS content,
     (SELECT coalesce(max(e.seq), 0) FROM {schema}.run_event e WHERE e.run_id = a.id) AS last_seq
 
@@ -390,10 +394,16 @@ WHERE id = %(run_id)s AND claim_token = %(claim_token)s AND status = 'running'
 -- A run missing from the result was already ended by someone else: stand down.
 -- The batch comes as two JSON arrays of objects (one parameter each: much cheaper to
 -- send than nine parallel arrays): %(runs)s of {id, token, status, error (JSON text or
--- null), partial} and %(events)s of {run_id, seq, type, payload (JSON text)}.
+-- null), partial, retry, input_timeout} and %(events)s of {run_id, seq, type, payload
+-- (JSON text)}.
+-- A run that parks to wait for input ends here too, but not terminally: status
+-- `waiting`, unfinished, its lease left to lapse unheeded (only running runs are
+-- heartbeaten or reaped for it), its input due within input_timeout seconds if given,
+-- its last event `input_requested` instead of `complete`.
 WITH f AS (
     SELECT * FROM jsonb_to_recordset(%(runs)s::jsonb)
-             AS f(id uuid, token uuid, status text, error text, partial text)
+             AS f(id uuid, token uuid, status text, error text, partial text, retry boolean,
+                  input_timeout float8)
 ), locked AS (
     -- (in id order, as every batched writer: see heartbeat)
     SELECT a.id FROM {schema}.agent_run a JOIN f ON a.id = f.id AND a.claim_token = f.token
@@ -401,24 +411,78 @@ WITH f AS (
     ORDER BY a.id
     FOR NO KEY UPDATE OF a
 ), fin AS (
-    UPDATE {schema}.agent_run a SET status = f.status, error = f.error::jsonb, finished_at = now()
+    -- (A park that finds a stop already asked for ends the run cancelled instead: its
+    -- input_requested becomes that stop's terminal event.)
+    UPDATE {schema}.agent_run a SET
+        status            = CASE WHEN f.status = 'waiting' AND a.cancel_requested THEN 'cancelled'
+                                 ELSE f.status END,
+        error             = f.error::jsonb,
+        finished_at       = CASE WHEN f.status = 'waiting' AND NOT a.cancel_requested THEN NULL
+                                 ELSE now() END,
+        -- (The wait ends at its input timeout or the turn's deadline, whichever is first:
+        -- least() skips a NULL.)
+        input_deadline_at = CASE WHEN f.status = 'waiting' AND NOT a.cancel_requested
+                                 THEN least(now() + make_interval(secs => f.input_timeout),
+                                            a.deadline_at) END
     FROM f
     WHERE a.id = ANY (ARRAY(SELECT id FROM locked))
       AND a.id = f.id AND a.claim_token = f.token AND a.status = 'running'
-    RETURNING a.id, a.conversation_id, a.tenant_key, f.partial, f.status
+    -- (cancel_requested from the row as updated: a stop that committed while this
+    -- waited for the row's lock is seen, and no retry follows it.)
+    RETURNING a.id, a.conversation_id, a.tenant_key, f.partial, a.status, a.input_deadline_at,
+              f.retry IS TRUE AND NOT a.cancel_requested AS retry
+), retried AS (
+    -- An automatic retry (Dispatcher(retry=...)) commits with the ending: when the worker
+    -- judged the failure retryable, no stop was asked for, attempts remain and no step
+    -- of the lineage is uncertain (begun, never recorded). It takes the failed run's
+    -- place in the queue (its queue_order: ahead of the conversation's later turns) and
+    -- is due after the policy's backoff, with the turn's deadline (none is queued due past
+    -- it). (The reap statement has the same insert.)
+    INSERT INTO {schema}.agent_run
+        (queue_order, conversation_id, user_id, tenant_id, user_message_id, request, retry_of,
+         priority, lineage_id, attempt, not_before, deadline_at)
+    OVERRIDING SYSTEM VALUE
+    SELECT a.queue_order, a.conversation_id, a.user_id, a.tenant_id, a.user_message_id, a.request,
+           a.id, a.priority, coalesce(a.lineage_id, a.id), a.attempt + 1, due.at, a.deadline_at
+    FROM fin JOIN {schema}.agent_run a ON a.id = fin.id
+    CROSS JOIN LATERAL (
+        SELECT now() + make_interval(secs => least((a.retry_policy ->> 'max_backoff')::float8,
+                                                   (a.retry_policy ->> 'backoff')::float8
+                                                   * 2.0 ^ least(a.attempt - 1, 30))) AS at) due
+    WHERE fin.retry AND a.attempt < (a.retry_policy ->> 'max_attempts')::integer
+      AND (a.deadline_at IS NULL OR due.at < a.deadline_at)  -- the turn's deadline holds for its retries
+      AND NOT EXISTS (SELECT 1 FROM {schema}.run_step s
+                      WHERE s.lineage_id = coalesce(a.lineage_id, a.id) AND s.status = 'started')
+    ON CONFLICT (retry_of) WHERE retry_of IS NOT NULL DO NOTHING
+    RETURNING id, retry_of, user_message_id, attempt
+), retried_ev AS (
+    INSERT INTO {schema}.run_event (run_id, seq, type, payload)
+    SELECT id, 1, 'user_message_created', jsonb_build_object('message_id', user_message_id) FROM retried
+    UNION ALL
+    SELECT id, 2, 'run_queued', jsonb_build_object('run_id', id, 'retry_of', retry_of, 'attempt', attempt)
+    FROM retried
 ), answer AS (
     -- Streamed text the agent never wrote to the transcript: its answer if the run
-    -- completed, a partial answer if it was cut short. It goes in the turn of the
-    -- message the run answers, however many turns were enqueued since (#17).
+    -- completed (or what it said before it paused for input), a partial answer if it
+    -- was cut short. It goes in the turn of the message the run answers, however many
+    -- turns were enqueued since (#17).
     INSERT INTO {schema}.message (conversation_id, run_id, role, content, status, turn)
     SELECT fin.conversation_id, fin.id, 'assistant', to_jsonb(fin.partial),
-           CASE WHEN fin.status = 'completed' THEN 'complete' ELSE 'partial' END,
+           CASE WHEN fin.status IN ('completed', 'waiting') THEN 'complete' ELSE 'partial' END,
            (SELECT u.turn FROM {schema}.agent_run r JOIN {schema}.message u ON u.id = r.user_message_id
             WHERE r.id = fin.id)
     FROM fin WHERE fin.partial IS NOT NULL
 ), ev AS (
     INSERT INTO {schema}.run_event (run_id, seq, type, payload)
-    SELECT e.run_id, e.seq, e.type, e.payload::jsonb
+    -- (A park's input_requested says when the wait ends, on the database's clock.)
+    SELECT e.run_id, e.seq,
+           CASE WHEN e.type = 'input_requested' AND fin.status = 'cancelled' THEN 'complete'
+                ELSE e.type END,
+           CASE WHEN e.type = 'input_requested' AND fin.status = 'cancelled'
+                THEN jsonb_build_object('status', 'cancelled', 'reason', 'stopped')
+                WHEN e.type = 'input_requested'
+                THEN e.payload::jsonb || jsonb_build_object('expires_at', fin.input_deadline_at)
+                ELSE e.payload::jsonb END
     FROM jsonb_to_recordset(%(events)s::jsonb) AS e(run_id uuid, seq integer, type text, payload text)
     JOIN fin ON fin.id = e.run_id
 )
@@ -432,9 +496,10 @@ SELECT fin.id,
        pg_notify(%(events_prefix)s || replace(fin.id::text, '-', ''), ''),
        CASE WHEN EXISTS (SELECT 1 FROM {schema}.agent_run q
                          WHERE q.conversation_id = fin.conversation_id
-                           AND q.status IN ('queued', 'running') AND (q.status = 'queued') IS TRUE)
+                           AND q.status IN ('queued', 'running', 'waiting') AND (q.status = 'queued') IS TRUE)
               OR EXISTS (SELECT 1 FROM {schema}.tenant_policy p
                          WHERE p.tenant_key = fin.tenant_key AND p.max_running IS NOT NULL)
+              OR EXISTS (SELECT 1 FROM retried WHERE retried.retry_of = fin.id)
             THEN pg_notify(%(wake_channel)s, '') END
 FROM fin
 
@@ -442,25 +507,35 @@ FROM fin
 -- (Event names and payloads: the vocabulary in src/runrow/_events.py.)
 -- After an ending's answer was lost (connection cut) and its retry's fence matched
 -- nothing: had the lost attempt committed? Only this claim's own ending leaves the run
--- with this status, this claim token and exactly this terminal event at this seq (the
+-- with this status, this claim token and exactly this last event at this seq (the
 -- reaper's terminal event always lists the tool calls it found uncertain; a worker's
--- never does).
+-- never does; a park's last event is its input_requested).
 SELECT EXISTS (
     SELECT 1
     FROM {schema}.agent_run a
-    JOIN {schema}.run_event e ON e.run_id = a.id AND e.seq = %(seq)s AND e.type = 'complete'
+    JOIN {schema}.run_event e ON e.run_id = a.id AND e.seq = %(seq)s AND e.type = %(type)s
     WHERE a.id = %(run_id)s AND a.claim_token = %(claim_token)s AND a.status = %(status)s
-      AND e.payload = %(payload)s::jsonb)
+      AND e.payload - 'expires_at' = %(payload)s::jsonb - 'expires_at')
 
 -- name: reap_candidates
 -- Runs whose lease lapsed more than the grace ago, or whose deadline passed more than the
--- grace ago (their worker, alive or not, should have ended them). Only a hint: reap
--- re-checks.
-SELECT id FROM {schema}.agent_run
-WHERE status = 'running'
-  AND (claim_expires_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(grace_seconds)s)
-       OR deadline_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(grace_seconds)s))
-ORDER BY claim_expires_at
+-- grace ago (their worker, alive or not, should have ended them); and waiting runs whose
+-- wait is over (input timeout or deadline: no worker to race, no grace). Only a hint:
+-- reap re-checks.
+SELECT id FROM (
+    (SELECT id, claim_expires_at AS due FROM {schema}.agent_run
+     WHERE status = 'running'
+       AND (claim_expires_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(grace_seconds)s)
+            OR deadline_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(grace_seconds)s))
+     ORDER BY claim_expires_at
+     LIMIT %(limit)s)
+    UNION ALL
+    (SELECT id, input_deadline_at FROM {schema}.agent_run
+     WHERE status = 'waiting' AND input_deadline_at <= coalesce(%(now)s::timestamptz, now())
+     ORDER BY input_deadline_at
+     LIMIT %(limit)s)
+) c
+ORDER BY due
 LIMIT %(limit)s
 
 -- name: reap
@@ -470,21 +545,34 @@ LIMIT %(limit)s
 -- inside the write, so a heartbeat that landed after the candidates were read wins. The
 -- terminal event takes max(seq)+1: the status flip fences the worker out, and the
 -- journal's primary key rejects any append that raced it. It says why (reason
--- worker_lost or deadline_exceeded) and lists the tool calls the journal shows started
+-- worker_lost, deadline_exceeded, or input_expired for a waiting run whose wait is
+-- over) and lists the tool calls the journal shows started
 -- (tool_call_started with a tool_call_id) and never finished (no tool_call_finished
 -- with that id): their side effects are uncertain. (The terminal event always carries
 -- uncertain_tool_calls, which a worker's never does: ending_landed relies on it to tell
 -- a reaped ending from the worker's own.)
 WITH locked AS (
     -- (in id order, as every batched writer: see heartbeat)
-    SELECT a.id FROM {schema}.agent_run a
-    WHERE a.id = ANY(%(ids)s::uuid[]) AND a.status = 'running'
+    SELECT a.id, a.status AS was FROM {schema}.agent_run a
+    WHERE a.id = ANY(%(ids)s::uuid[]) AND a.status IN ('running', 'waiting')
     ORDER BY a.id
     FOR NO KEY UPDATE OF a
 ), fin AS (
+    -- A waiting run whose wait is over ends `expired`, or `failed` if that was the
+    -- turn's deadline.
     UPDATE {schema}.agent_run a SET
-        status      = CASE WHEN a.cancel_requested THEN 'cancelled' ELSE 'failed' END,
+        status      = CASE WHEN l.was = 'waiting'
+                           THEN CASE WHEN a.deadline_at <= coalesce(%(now)s::timestamptz, now())
+                                     THEN 'failed' ELSE 'expired' END
+                           WHEN a.cancel_requested THEN 'cancelled' ELSE 'failed' END,
         error       = CASE
+                          WHEN l.was = 'waiting' AND a.deadline_at <= coalesce(%(now)s::timestamptz, now())
+                          THEN jsonb_build_object(
+                              'type', 'deadline_exceeded',
+                              'message', 'the run was still waiting for input at its deadline')
+                          WHEN l.was = 'waiting' THEN jsonb_build_object(
+                              'type', 'input_expired',
+                              'message', 'no input arrived before the wait''s timeout')
                           WHEN a.cancel_requested THEN NULL
                           WHEN a.deadline_at < coalesce(%(now)s::timestamptz, now())
                                                - make_interval(secs => %(grace_seconds)s)
@@ -495,15 +583,20 @@ WITH locked AS (
                               'type', 'worker_lost',
                               'message', 'the worker stopped heartbeating; its lease expired') END,
         finished_at = now()
-    WHERE a.id = ANY (ARRAY(SELECT id FROM locked))
-      AND a.status = 'running'
-      AND (a.claim_expires_at < coalesce(%(now)s::timestamptz, now())
-                                - make_interval(secs => %(grace_seconds)s)
-           OR a.deadline_at < coalesce(%(now)s::timestamptz, now())
-                              - make_interval(secs => %(grace_seconds)s))
+    FROM locked l
+    WHERE a.id = ANY (ARRAY(SELECT id FROM locked)) AND l.id = a.id
+      AND ((a.status = 'running'
+            AND (a.claim_expires_at < coalesce(%(now)s::timestamptz, now())
+                                      - make_interval(secs => %(grace_seconds)s)
+                 OR a.deadline_at < coalesce(%(now)s::timestamptz, now())
+                                    - make_interval(secs => %(grace_seconds)s)))
+           OR (a.status = 'waiting' AND a.input_deadline_at <= coalesce(%(now)s::timestamptz, now())))
     RETURNING a.id, a.conversation_id, a.status, a.error, a.worker_id,
-              a.claim_expires_at < coalesce(%(now)s::timestamptz, now())
-                                   - make_interval(secs => %(grace_seconds)s) AS worker_lost
+              CASE WHEN l.was = 'waiting' THEN a.error ->> 'type'
+                   WHEN a.claim_expires_at < coalesce(%(now)s::timestamptz, now())
+                                             - make_interval(secs => %(grace_seconds)s)
+                   THEN 'worker_lost' ELSE 'deadline_exceeded' END AS reason,
+              l.was = 'waiting' AS parked
 ), ev AS (
     INSERT INTO {schema}.run_event (run_id, seq, type, payload)
     SELECT fin.id,
@@ -512,28 +605,60 @@ WITH locked AS (
            jsonb_build_object(
                'status', fin.status,
                'error', fin.error,
-               'reason', CASE WHEN fin.worker_lost THEN 'worker_lost' ELSE 'deadline_exceeded' END,
+               'reason', fin.reason,
                'uncertain_tool_calls', (
                    SELECT coalesce(jsonb_agg(jsonb_build_object(
                               'tool_call_id', s.payload -> 'tool_call_id',
                               'name', s.payload -> 'name') ORDER BY s.seq), '[]'::jsonb)
                    FROM {schema}.run_event s
-                   WHERE s.run_id = fin.id AND s.type = 'tool_call_started'
+                   -- (A waiting run parked on purpose: its worker was not lost in the
+                   -- middle of a call, so none is uncertain: a call announced before the
+                   -- wait, awaiting approval, never ran.)
+                   WHERE s.run_id = fin.id AND s.type = 'tool_call_started' AND NOT fin.parked
                      AND s.payload ? 'tool_call_id'
                      AND NOT EXISTS (
                          SELECT 1 FROM {schema}.run_event f
                          WHERE f.run_id = fin.id AND f.type = 'tool_call_finished'
                            AND f.payload -> 'tool_call_id' = s.payload -> 'tool_call_id')))
     FROM fin
+), retried AS (
+    -- A lost worker's run is retried in the same commit when its policy (stamped by its
+    -- claim) retries worker losses: as in finalize's retried, which see.
+    INSERT INTO {schema}.agent_run
+        (queue_order, conversation_id, user_id, tenant_id, user_message_id, request, retry_of,
+         priority, lineage_id, attempt, not_before, deadline_at)
+    OVERRIDING SYSTEM VALUE
+    SELECT a.queue_order, a.conversation_id, a.user_id, a.tenant_id, a.user_message_id, a.request,
+           a.id, a.priority, coalesce(a.lineage_id, a.id), a.attempt + 1, due.at, a.deadline_at
+    FROM fin JOIN {schema}.agent_run a ON a.id = fin.id
+    CROSS JOIN LATERAL (
+        SELECT now() + make_interval(secs => least((a.retry_policy ->> 'max_backoff')::float8,
+                                                   (a.retry_policy ->> 'backoff')::float8
+                                                   * 2.0 ^ least(a.attempt - 1, 30))) AS at) due
+    WHERE fin.status = 'failed' AND fin.error ->> 'type' = 'worker_lost'
+      AND (a.retry_policy ->> 'worker_lost')::boolean
+      AND a.attempt < (a.retry_policy ->> 'max_attempts')::integer
+      AND (a.deadline_at IS NULL OR due.at < a.deadline_at)
+      AND NOT EXISTS (SELECT 1 FROM {schema}.run_step s
+                      WHERE s.lineage_id = coalesce(a.lineage_id, a.id) AND s.status = 'started')
+    ON CONFLICT (retry_of) WHERE retry_of IS NOT NULL DO NOTHING
+    RETURNING id, retry_of, user_message_id, attempt
+), retried_ev AS (
+    INSERT INTO {schema}.run_event (run_id, seq, type, payload)
+    SELECT id, 1, 'user_message_created', jsonb_build_object('message_id', user_message_id) FROM retried
+    UNION ALL
+    SELECT id, 2, 'run_queued', jsonb_build_object('run_id', id, 'retry_of', retry_of, 'attempt', attempt)
+    FROM retried
 )
-SELECT fin.id, fin.conversation_id, fin.status, fin.worker_id,
+SELECT fin.id, fin.conversation_id, fin.status, fin.worker_id, fin.reason,
        pg_notify(%(events_prefix)s || replace(fin.id::text, '-', ''), ''),
        pg_notify(%(wake_channel)s, '')
 FROM fin
 
 -- name: retry
 -- (Event names and payloads: the vocabulary in src/runrow/_events.py.)
--- A new run for the same user message, linked to the failed or cancelled one. At most
+-- A new run for the same user message, linked to the failed, cancelled or expired one
+-- (a wait for input that timed out: the retry asks again). At most
 -- one retry per run (unique index on retry_of): a second call returns nothing here.
 -- Like enqueue, it takes the conversation's advisory lock before its queue_order is
 -- drawn, so the conversation's runs queue in commit order (see enqueue). A trimmed run
@@ -541,14 +666,22 @@ FROM fin
 -- write, so this snapshot sees both or neither).
 WITH src AS (
     SELECT id, conversation_id, user_id, tenant_id, user_message_id, request, priority,
+           lineage_id, attempt,
            pg_advisory_xact_lock(hashtextextended(%(conversation_lock_prefix)s::text || conversation_id, 0))
     FROM {schema}.agent_run
-    WHERE id = %(run_id)s AND status IN ('failed', 'cancelled') AND NOT journal_trimmed
+    WHERE id = %(run_id)s AND status IN ('failed', 'cancelled', 'expired') AND NOT journal_trimmed
+    -- (Shared, against trim's FOR UPDATE: a trim committing meanwhile cannot delete the
+    -- lineage's steps from under this retry, and one that came first is seen.)
+    FOR SHARE
 ), run AS (
-    -- The retry keeps the priority; it is due at once and has no deadline.
+    -- The retry keeps the priority; it is due at once and has no deadline. It is the
+    -- next attempt of the same turn, in the same lineage (its steps replay).
     INSERT INTO {schema}.agent_run
-        (conversation_id, user_id, tenant_id, user_message_id, request, retry_of, priority)
-    SELECT conversation_id, user_id, tenant_id, user_message_id, request, id, priority FROM src
+        (conversation_id, user_id, tenant_id, user_message_id, request, retry_of, priority,
+         lineage_id, attempt)
+    SELECT conversation_id, user_id, tenant_id, user_message_id, request, id, priority,
+           coalesce(lineage_id, id), attempt + 1
+    FROM src
     ON CONFLICT (retry_of) WHERE retry_of IS NOT NULL DO NOTHING
     RETURNING id, status, conversation_id, user_message_id, created_at
 ), msg AS (
@@ -575,35 +708,45 @@ SELECT status, journal_trimmed FROM {schema}.agent_run WHERE id = %(run_id)s
 -- name: get_run
 SELECT id, conversation_id, user_id, tenant_id, status, request, idempotency_key, retry_of,
        worker_id, cancel_requested, error, created_at, started_at, last_heartbeat_at,
-       finished_at, claim_expires_at, user_message_id, priority, not_before, deadline_at
+       finished_at, claim_expires_at, user_message_id, priority, not_before, deadline_at,
+       attempt, lineage_id, resumes, input_deadline_at
 FROM {schema}.agent_run WHERE id = %(run_id)s
+
+-- name: conversation_owner
+-- The user who owns a conversation for the HTTP layer (runrow.http): the user of any of
+-- its runs, since the layer lets only the owner post (NULL: nobody has posted yet). The
+-- caller holds the conversation's advisory lock (admission_lock) from an earlier
+-- statement of its transaction, so two first posts cannot both find NULL.
+SELECT user_id FROM {schema}.agent_run WHERE conversation_id = %(conversation_id)s LIMIT 1
 
 -- name: list_runs
 SELECT id, conversation_id, user_id, tenant_id, status, request, idempotency_key, retry_of,
        worker_id, cancel_requested, error, created_at, started_at, last_heartbeat_at,
-       finished_at, claim_expires_at, user_message_id, priority, not_before, deadline_at
+       finished_at, claim_expires_at, user_message_id, priority, not_before, deadline_at,
+       attempt, lineage_id, resumes, input_deadline_at
 FROM {schema}.agent_run
 WHERE (%(conversation_id)s::text IS NULL OR conversation_id = %(conversation_id)s)
   AND (%(status)s::text IS NULL OR status = %(status)s)
-ORDER BY queue_order DESC
+ORDER BY queue_order DESC, attempt DESC
 LIMIT %(limit)s
 
 -- name: stats
 SELECT status, count(*) AS runs,
        extract(epoch FROM now() - min(created_at) FILTER (WHERE status = 'queued')) AS oldest_queued_seconds
 FROM {schema}.agent_run
-WHERE status IN ('queued', 'running') OR finished_at > now() - interval '1 hour'
+WHERE status IN ('queued', 'running', 'waiting') OR finished_at > now() - interval '1 hour'
 GROUP BY status
 
 -- name: lock_conversation_runs
--- Stop's sweep: lock every active run of the conversation, queued and running together.
-SELECT id, status FROM {schema}.agent_run
-WHERE conversation_id = %(conversation_id)s AND status IN ('queued', 'running')
+-- Stop's sweep: lock every active run of the conversation (queued, running, waiting) together.
+-- (resumed: a queued run that input resumed has started: it is stopped as a waiting one.)
+SELECT id, status, resumes > 0 AS resumed FROM {schema}.agent_run
+WHERE conversation_id = %(conversation_id)s AND status IN ('queued', 'running', 'waiting')
 ORDER BY queue_order
 FOR UPDATE
 
 -- name: lock_run
-SELECT id, status, conversation_id FROM {schema}.agent_run WHERE id = %(run_id)s FOR UPDATE
+SELECT id, status, resumes > 0 AS resumed FROM {schema}.agent_run WHERE id = %(run_id)s FOR UPDATE
 
 -- name: cancel_queued
 -- (Event names and payloads: the vocabulary in src/runrow/_events.py.)
@@ -629,6 +772,29 @@ SELECT d.run_id, d.id AS message_id, d.content,
        pg_notify(%(events_prefix)s || replace(d.run_id::text, '-', ''), '')
 FROM d
 
+-- name: cancel_paused
+-- (Event names and payloads: the vocabulary in src/runrow/_events.py.)
+-- Turns paused for input: waiting, or queued again by provide_input and not yet
+-- claimed. No worker holds them, so a stop ends them at once, cancelled (they had
+-- started: no draft), with their one terminal event, and wakes the queue (the
+-- conversation's next turn, if any, may start).
+WITH c AS (
+    UPDATE {schema}.agent_run SET status = 'cancelled', finished_at = now(), input_deadline_at = NULL
+    WHERE id = ANY(%(ids)s::uuid[]) AND (status = 'waiting' OR (status = 'queued' AND resumes > 0))
+    RETURNING id
+), ev AS (
+    INSERT INTO {schema}.run_event (run_id, seq, type, payload)
+    SELECT c.id,
+           (SELECT coalesce(max(e.seq), 0) + 1 FROM {schema}.run_event e WHERE e.run_id = c.id),
+           'complete',
+           jsonb_build_object('status', 'cancelled', 'reason', 'stopped')
+    FROM c
+)
+SELECT c.id,
+       pg_notify(%(events_prefix)s || replace(c.id::text, '-', ''), ''),
+       pg_notify(%(wake_channel)s, '')
+FROM c
+
 -- name: request_cancel
 -- The running turn: the durable flag is the truth, the NOTIFY only the fast path.
 UPDATE {schema}.agent_run SET cancel_requested = true
@@ -637,13 +803,13 @@ RETURNING id, pg_notify(%(cancel_channel)s, id::text)
 
 -- name: queue_depth_by_tenant
 -- Live runs per tenant ('' when the run has none) and status, and the age of the
--- oldest queued one. Only queued and running rows are read (the partial indexes on
--- the live states keep this cheap however many finished runs pile up).
+-- oldest queued one. Only live rows (queued, running, waiting) are read (the partial
+-- indexes on the live states keep this cheap however many finished runs pile up).
 SELECT coalesce(tenant_id, '') AS tenant,
        status,
        count(*) AS runs,
        extract(epoch FROM now() - min(created_at)) AS oldest_seconds
 FROM {schema}.agent_run
-WHERE status IN ('queued', 'running')
+WHERE status IN ('queued', 'running', 'waiting')
 GROUP BY 1, 2
 ORDER BY 1, 2

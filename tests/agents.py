@@ -8,6 +8,7 @@ The schema comes from the RUNROW_TEST_SCHEMA environment variable in worker proc
 from __future__ import annotations
 
 import os
+import random
 
 import anyio
 import psycopg
@@ -51,6 +52,47 @@ async def record_agent(run: runrow.RunContext) -> None:
     await run.emit({"type": "tool_call_started", "tool_call_id": "t1", "name": "noop"})
     await run.text("world")
     await record(run, "end")
+
+
+async def _stepped(run: runrow.RunContext, name: str) -> str:
+    """A step's side effect (a row per run and step), then a short random pause, so
+    that a kill can land inside a step as well as between steps."""
+    await record(run, name)
+    await anyio.sleep(random.uniform(0, 0.03))
+    return name
+
+
+async def step_agent(run: runrow.RunContext) -> None:
+    """RUNROW_TEST_STEPS steps (default 6), every third one idempotent, each followed by
+    a pause of RUNROW_TEST_STEP_PAUSE seconds (default 0), then an answer made of every
+    step's result."""
+    got = []
+    pause = float(os.environ.get("RUNROW_TEST_STEP_PAUSE", "0"))
+    for i in range(int(os.environ.get("RUNROW_TEST_STEPS", "6"))):
+        call = run.idempotent_step if i % 3 == 2 else run.step
+        got.append(await call(f"s{i}", _stepped, run, f"s{i}"))
+        await anyio.sleep(pause)
+    await run.write_message(" ".join(got))
+
+
+async def approval_agent(run: runrow.RunContext) -> None:
+    """Streams, takes a step (its side effect: a row), waits for a person's approval,
+    then writes an answer with the value and records an "after" side effect. Replayed
+    after the approval, the step and the text before the wait must not repeat."""
+    await run.text("asking ")
+    planned = await run.step("plan", _stepped, run, "plan")
+    await run.emit({"type": "tool_call_started", "tool_call_id": "send-1", "name": "send"})
+    value = await run.wait_for_input("approve:send-1", {"kind": "approval", "tool": "send", "plan": planned})
+    await run.emit(
+        {"type": "tool_call_finished", "tool_call_id": "send-1", "ok": bool(value.get("approved"))}
+    )
+    await run.text(f"approved={value.get('approved')}")
+    await record(run, "after")
+
+
+async def failing_agent(run: runrow.RunContext) -> None:
+    """Raises an error that quotes what the user wrote."""
+    raise RuntimeError(f"the tool broke on {run.content!r}")
 
 
 async def hang_agent(run: runrow.RunContext) -> None:

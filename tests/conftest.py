@@ -70,6 +70,17 @@ def pg_server() -> Iterator[Server]:
         launcher.stop()
 
 
+@pytest.fixture
+def restartable_server() -> Iterator[EmbeddedPostgres]:
+    """A server of the test's own, which it may stop, restart or kill (never the session's)."""
+    pg = EmbeddedPostgres(fast=True)
+    pg.start()
+    try:
+        yield pg
+    finally:
+        pg.stop()
+
+
 @pytest.fixture(scope="session")
 def dsn(pg_server: Server) -> Iterator[str]:
     """Conninfo of the session's test database."""

@@ -53,38 +53,53 @@ async def serve_demo(
     token_delay: float = 0.01,
     workers: int = 1,
     keepalive: float = 15.0,
+    approval_timeout: float | None = None,
+    port: int | None = None,
+    keep_demo_schema: bool = False,
     **app_options: Any,
 ) -> AsyncIterator[str]:
-    """The demo app on a free port of 127.0.0.1, with ``workers`` in-process dispatchers."""
+    """The demo app on a free port of 127.0.0.1 (or ``port``, to serve again where a
+    stopped one was), with ``workers`` in-process dispatchers. Its own tables go when it
+    stops, unless ``keep_demo_schema`` (a restart: another serve_demo follows)."""
     demo_schema = f"{schema}_demo"
     app = create_app(
         dsn,
         schema=schema,
         in_process_workers=workers,
-        agent=DemoAgent(dsn, demo_schema=demo_schema, token_delay=token_delay),
+        agent=DemoAgent(
+            dsn, demo_schema=demo_schema, token_delay=token_delay, approval_timeout=approval_timeout
+        ),
         dispatcher_options={"poll": 0.5, "flush_interval": 0.05, "lease": 10.0, "heartbeat": 2.0},
         keepalive=keepalive,
         **app_options,
     )
-    port = free_port()
+    try:
+        async with serve_asgi(app, port=port) as base:
+            yield base
+    finally:
+        if not keep_demo_schema:
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+                await conn.execute(
+                    sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(demo_schema))
+                )
+
+
+@asynccontextmanager
+async def serve_asgi(app: Any, *, port: int | None = None) -> AsyncIterator[str]:
+    """``app`` served by a real uvicorn (lifespan included) on 127.0.0.1; yields its base URL."""
+    port = port or free_port()
     server = QuietServer(
         uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=1)
     )
-    try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(server.serve)
-            with anyio.fail_after(20):
-                while not server.started:
-                    await anyio.sleep(0.02)
-            try:
-                yield f"http://127.0.0.1:{port}"
-            finally:
-                server.should_exit = True
-    finally:
-        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-            await conn.execute(
-                sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(demo_schema))
-            )
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(server.serve)
+        with anyio.fail_after(20):
+            while not server.started:
+                await anyio.sleep(0.02)
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            server.should_exit = True
 
 
 def auth(user: str) -> dict[str, str]:
@@ -105,10 +120,12 @@ async def read_sse(
     headers: dict[str, str],
     *,
     stop_after: int | None = None,
+    until: str | None = None,
     want_comment: bool = False,
     timeout: float = 30.0,
 ) -> list[SSE]:
-    """Reads an event stream into events (and comments), until it ends or ``stop_after`` events."""
+    """Reads an event stream into events (and comments), until it ends, ``stop_after``
+    events or the first event of type ``until`` (a waiting run's stream does not end)."""
     events: list[SSE] = []
     current = SSE()
     with anyio.fail_after(timeout):
@@ -120,6 +137,8 @@ async def read_sse(
                     if current.event is not None or current.data is not None:
                         events.append(current)
                         if stop_after is not None and len(events) >= stop_after:
+                            return events
+                        if until is not None and current.event == until:
                             return events
                     elif current.comments and want_comment:
                         events.append(current)

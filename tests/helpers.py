@@ -20,8 +20,8 @@ async def count(conn: psycopg.AsyncConnection, schema: str, name: str) -> int:
 
 
 async def empty(conn: psycopg.AsyncConnection, schema: str) -> None:
-    """Deletes every run, message, event and tenant policy (one hypothesis example's start)."""
-    names = ("run_event", "agent_run", "message", "tenant_policy")
+    """Deletes every run, step, message, event and tenant policy (one hypothesis example's start)."""
+    names = ("run_step", "run_event", "agent_run", "message", "tenant_policy")
     await conn.execute(sql.SQL("TRUNCATE {}").format(sql.SQL(", ").join(table(schema, n) for n in names)))
 
 
@@ -93,7 +93,7 @@ async def assert_journal_sound(
 
 
 async def is_terminal(conn: psycopg.AsyncConnection, schema: str, run_id: Any) -> bool:
-    return await status_of(conn, schema, run_id) in ("completed", "failed", "cancelled")
+    return await status_of(conn, schema, run_id) in ("completed", "failed", "cancelled", "expired")
 
 
 async def enqueue_turn(dsn: str, schema: str, conversation: str, **kw: Any) -> Any:

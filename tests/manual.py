@@ -26,9 +26,17 @@ async def claim(
     lease: float = 30.0,
     now: datetime | None = None,
     worker_id: str = "manual",
+    retry_policy: str | None = None,
 ) -> list[dict[str, Any]]:
     rows = await claims.claim(
-        conn, schema, order="fair", limit=limit, lease_seconds=lease, worker_id=worker_id, now=now
+        conn,
+        schema,
+        order="fair",
+        limit=limit,
+        lease_seconds=lease,
+        worker_id=worker_id,
+        now=now,
+        retry_policy=retry_policy,
     )
     return [r._asdict() for r in rows]
 
@@ -74,6 +82,7 @@ async def finalize(
     *,
     error: dict[str, Any] | None = None,
     partial: str | None = None,
+    retry: bool = False,
 ) -> bool:
     ending = endings.Ending(
         run_id=run_id,
@@ -82,6 +91,7 @@ async def finalize(
         error=None if error is None else json.dumps(error),
         partial=partial,
         events=[(seq, "complete", json.dumps({"status": status}))],
+        retry=retry,
     )
     return run_id in await endings.finalize(conn, schema, [ending], channels=Channels.for_schema(schema))
 
@@ -111,3 +121,41 @@ async def db_now(conn: psycopg.AsyncConnection) -> datetime:
     row = await cur.fetchone()
     assert row is not None
     return row[0]  # type: ignore[no-any-return]
+
+
+async def park(
+    conn: psycopg.AsyncConnection,
+    schema: str,
+    run_id: uuid.UUID,
+    token: uuid.UUID,
+    seq: int,
+    *,
+    key: str,
+    position: int = 0,
+    timeout: float | None = None,
+) -> bool:
+    """What a worker does when its agent waits for input: marks the input step waiting,
+    then parks the run (finalize with status waiting and an input_requested event)."""
+    from runrow._gateway import steps
+
+    if not await steps.wait(
+        conn,
+        schema,
+        run_id=run_id,
+        claim_token=token,
+        key=key,
+        occurrence=0,
+        position=position,
+        request="null",
+    ):
+        return False
+    ending = endings.Ending(
+        run_id=run_id,
+        claim_token=token,
+        status="waiting",
+        error=None,
+        partial=None,
+        events=[(seq, "input_requested", json.dumps({"key": key, "request": None}))],
+        input_timeout=timeout,
+    )
+    return run_id in await endings.finalize(conn, schema, [ending], channels=Channels.for_schema(schema))

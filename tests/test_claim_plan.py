@@ -74,7 +74,7 @@ async def test_a_claim_after_a_burst_on_stale_statistics_is_not_quadratic(
     conn: psycopg.AsyncConnection, schema: str, statement: str, tenants: int, generic: bool
 ) -> None:
     await _history_then_burst(conn, schema, tenants)
-    params = {"limit": 4, "lease_seconds": 30.0, "worker_id": "plan-test", "now": None}
+    params = {"limit": 4, "lease_seconds": 30.0, "worker_id": "plan-test", "now": None, "retry_policy": None}
     query = statement_text(statement, schema)
     async with conn.transaction(force_rollback=True):
         if generic:

@@ -10,6 +10,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -180,7 +181,7 @@ async def test_a_refused_retry_names_the_run_once(dsn: str, schema: str) -> None
     )
     assert out.returncode == 2
     assert out.stderr == (
-        f"runrow: run_id: {run.id} is queued; only failed or cancelled runs can be retried\n"
+        f"runrow: run_id: {run.id} is queued; only failed, cancelled or expired runs can be retried\n"
     )
 
 
@@ -230,6 +231,17 @@ def _start_waiting_worker(url: str, *extra: str) -> subprocess.Popen[str]:
     return proc
 
 
+def _reap(proc: subprocess.Popen[str]) -> None:
+    """Kills ``proc`` if it still runs and closes its pipes (an unclosed pipe warns later,
+    in whichever test the garbage collector happens to run)."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    for stream in (proc.stdin, proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
+
+
 def test_a_worker_waits_quietly_for_the_database_and_stops_at_once_on_sigterm() -> None:
     url, port = closed_url()
     proc = _start_waiting_worker(url)
@@ -245,9 +257,7 @@ def test_a_worker_waits_quietly_for_the_database_and_stops_at_once_on_sigterm() 
         out, err = proc.communicate(timeout=10)
         took = time.monotonic() - sent
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _reap(proc)
     assert took < 2.0, took
     assert proc.returncode == 0
     assert out == "runrow worker: SIGTERM while waiting for the database; exiting\n"  # said once
@@ -269,9 +279,7 @@ def test_a_waiting_worker_stops_on_sigint_and_speaks_json() -> None:
         out, err = proc.communicate(timeout=10)
         assert time.monotonic() - sent < 2.0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _reap(proc)
     assert proc.returncode == 0 and err == ""
     assert [json.loads(line) for line in out.splitlines()] == [
         {"event": "stopped", "signal": "SIGINT", "started": False}
@@ -282,19 +290,19 @@ def test_a_waiting_worker_stops_on_sigint_and_speaks_json() -> None:
 def test_a_waiting_worker_starts_once_the_database_answers(tmp_path: Path) -> None:
     port = free_port()
     url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
-    proc = _start_waiting_worker(url, "--poll-seconds", "0.5")
-    pg = EmbeddedPostgres(
-        Path("/var/tmp") / f"runrow-test-{uuid.uuid4().hex[:10]}",
-        tcp=True,
-        port=port,
-        fast=True,
-        cleanup=True,
-    )
+    base = Path("/var/tmp") / f"runrow-test-{uuid.uuid4().hex[:10]}"
+    pg = EmbeddedPostgres(base, tcp=True, port=port, fast=True, cleanup=False)
+    # Migrate first, then take the server away: the worker must find a ready schema the
+    # moment the server answers (migrating after the restart would race its first probe).
+    pg.start()
+    proc: subprocess.Popen[str] | None = None
     try:
+        anyio.run(runrow.migrate, url)
+        pg.stop()
+        proc = _start_waiting_worker(url, "--poll-seconds", "0.5")
         assert proc.stdout is not None
         assert "waiting for the database" in proc.stdout.readline()
         pg.start()
-        anyio.run(runrow.migrate, url)
         assert proc.stdout.readline() == f"runrow worker: the database at 127.0.0.1:{port} answers\n"
         assert " ready (concurrency 8)" in proc.stdout.readline()
         proc.send_signal(signal.SIGTERM)
@@ -302,10 +310,10 @@ def test_a_waiting_worker_starts_once_the_database_answers(tmp_path: Path) -> No
         assert proc.returncode == 0, err
         assert "psycopg.pool" not in err
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        if proc is not None:
+            _reap(proc)
         pg.stop()
+        shutil.rmtree(base, ignore_errors=True)
 
 
 # -- logs ----------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import time
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -23,10 +24,10 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from runrow.demo import answer_for
+from runrow.demo import answer_for, approval_answer_for
 from runrow.demo.server import _WORKER_TIMING
 
-from .demo_support import DemoProcess, auth, serve_demo
+from .demo_support import DemoProcess, auth, free_port, serve_demo
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -96,16 +97,17 @@ def watch() -> Watch:
     return Watch()
 
 
-@pytest.fixture
-async def page(watch: Watch) -> AsyncIterator[Any]:
+@asynccontextmanager
+async def watched_page(watch: Watch, *, width: int, height: int) -> AsyncIterator[Any]:
+    """A page of the system's Chromium whose requests, console and errors ``watch`` sees;
+    the test fails afterwards if it saw a problem. (The admin's browser tests use it too.)"""
     executable = _chromium()
     from playwright.async_api import async_playwright
 
-    ARTIFACTS.mkdir(exist_ok=True)
     async with async_playwright() as pw:
         browser = await pw.chromium.launch(executable_path=executable, headless=True, args=CHROMIUM_ARGS)
         try:
-            context = await browser.new_context(viewport={"width": 1100, "height": 800})
+            context = await browser.new_context(viewport={"width": width, "height": height})
             await context.route("**/*", watch.route)
             page = await context.new_page()
             page.on("console", watch.console)
@@ -115,6 +117,13 @@ async def page(watch: Watch) -> AsyncIterator[Any]:
         finally:
             await browser.close()
     assert watch.problems == [], "\n".join(watch.problems)
+
+
+@pytest.fixture
+async def page(watch: Watch) -> AsyncIterator[Any]:
+    ARTIFACTS.mkdir(exist_ok=True)
+    async with watched_page(watch, width=1100, height=800) as p:
+        yield p
 
 
 def test_the_watch_catches_what_it_should() -> None:
@@ -359,3 +368,154 @@ async def test_killed_worker_fails_its_turn_and_the_next_turn_runs_on_a_new_work
             )
     (ARTIFACTS / "kill-demo.log").write_text(demo.output())
     assert demo.proc.returncode == 0, demo.output()
+
+
+# -- human in the loop: the approval card -------------------------------------------------
+
+CARD = ".turn .approval"
+
+
+async def _card(page: Any) -> dict[str, Any] | None:
+    return await page.evaluate(  # type: ignore[no-any-return]
+        """() => { const c = document.querySelector('.turn .approval');
+                   return c && { key: c.dataset.key, decision: c.dataset.decision,
+                                 prompt: c.querySelector('.prompt').textContent,
+                                 call: c.querySelector('.call').textContent,
+                                 text: c.querySelector('.decision').textContent,
+                                 buttons: [...c.querySelectorAll('button')].map(b => b.textContent),
+                                 status: document.querySelector('.turn .status').textContent,
+                                 position: document.querySelector('.turn .position')?.textContent || '',
+                                 tools: document.querySelector('.turn .tools').textContent }; }"""
+    )
+
+
+async def _wait_for_pending_card(page: Any) -> dict[str, Any]:
+    await _wait_for(
+        page, "() => document.querySelector('.turn .approval[data-decision=\"pending\"] .approve')"
+    )
+    card = await _card(page)
+    assert card is not None
+    return card
+
+
+async def test_approval_card_survives_reloads_and_a_server_restart_then_approve(
+    page: Any, dsn: str, schema: str
+) -> None:
+    question = "send hello to bob"
+    port = free_port()
+    async with serve_demo(dsn, schema, port=port, keep_demo_schema=True) as base:
+        await page.goto(f"{base}/?user=dora&conversation=hitl-1")
+        await _wait_for(page, "() => !document.querySelector('#empty').hidden")
+        assert "send" in await page.evaluate("() => document.querySelector('#empty').textContent")
+        await page.fill("#composer", question)
+        await page.click("#send")
+        card = await _wait_for_pending_card(page)
+        assert card["prompt"] == "Send this message to bob?"
+        assert card["call"] == 'send_message({"to":"bob","text":"send hello to bob"})'
+        assert card["buttons"] == ["Approve", "Deny"]
+        assert card["status"] == "waiting" and card["position"] == "waiting for your approval"
+        assert card["tools"].startswith("… send_message(") and card["tools"].endswith(
+            ": waiting for your approval"
+        )
+        assert not await _stop_disabled(page)  # a waiting run can be stopped
+        await page.screenshot(path=str(ARTIFACTS / "approval-1-asked.png"))
+
+        # A reload resumes the stream after its last seq: the card comes from the tab's state.
+        await page.reload()
+        assert await _wait_for_pending_card(page) == card
+        # A new tab (nothing kept): the stream replays from the start and draws it again.
+        await page.evaluate("() => sessionStorage.clear()")
+        await page.reload()
+        assert await _wait_for_pending_card(page) == card
+        stats = await page.evaluate("() => window.__demo")
+        assert stats["duplicates"] == 0 and stats["gaps"] == 0, stats
+
+        # The page goes away, and then the server (the waiting run holds no worker)...
+        await page.goto("about:blank")
+
+    # ...which starts again on the same port: the page, back, draws the card from the
+    # tab's state and the stream resumes after its last seq.
+    async with serve_demo(dsn, schema, port=port) as base:
+        await page.goto(f"{base}/")
+        assert await _wait_for_pending_card(page) == card
+        await page.screenshot(path=str(ARTIFACTS / "approval-2-after-restart.png"))
+        await page.click(f"{CARD} .approve")
+        await _wait_for(page, "() => document.querySelector('.turn .status').textContent === 'completed'")
+        [turn] = await _turns(page)
+        assert turn["answer"] == approval_answer_for(question, True)
+        done = await _card(page)
+        assert done is not None
+        assert done["decision"] == "approved" and done["buttons"] == [] and done["text"] == "✓ approved"
+        assert done["tools"].startswith("✓ send_message("), done["tools"]
+        await _wait_for(page, "() => document.querySelectorAll('#notes li').length === 1")
+        notes = await page.evaluate("() => document.querySelector('#notes li').textContent")
+        assert notes == f"sent to bob: {question}"
+        assert await _stop_disabled(page)
+        stats = await page.evaluate("() => window.__demo")
+        assert stats["duplicates"] == 0 and stats["gaps"] == 0, stats
+        await page.screenshot(path=str(ARTIFACTS / "approval-3-approved.png"))
+        # A finished turn read from the server (a new tab) shows the decision too.
+        await page.evaluate("() => sessionStorage.clear()")
+        await page.reload()
+        await _wait_for(page, "() => document.querySelector('.turn .status')?.textContent === 'completed'")
+        again = await _card(page)
+        assert again is not None and again["decision"] == "approved" and again["buttons"] == []
+        assert again["tools"] == done["tools"]
+
+
+async def test_approval_denied_and_a_stopped_wait(page: Any, dsn: str, schema: str) -> None:
+    question = "send the report to carol"
+    async with serve_demo(dsn, schema) as base:
+        await page.goto(f"{base}/?user=erin&conversation=hitl-2")
+        await _wait_for(page, "() => !document.querySelector('#empty').hidden")
+        await page.fill("#composer", question)
+        await page.click("#send")
+        await _wait_for_pending_card(page)
+        await page.click(f"{CARD} .deny")
+        await _wait_for(page, "() => document.querySelector('.turn .status').textContent === 'completed'")
+        [turn] = await _turns(page)
+        assert turn["answer"] == approval_answer_for(question, False)
+        card = await _card(page)
+        assert card is not None and card["decision"] == "denied" and card["buttons"] == []
+        assert card["tools"].startswith("✗ send_message("), card["tools"]
+        assert await page.evaluate("() => document.querySelectorAll('#notes li').length") == 0
+        await page.screenshot(path=str(ARTIFACTS / "approval-4-denied.png"))
+
+        # Stop while a run waits: it is cancelled at once, and its card says it did not run.
+        await page.fill("#composer", "send it anyway to carol")
+        await page.click("#send")
+        await _wait_for(
+            page,
+            "() => document.querySelectorAll('.turn')[1]?.querySelector('.approval[data-decision=\"pending\"]')",
+        )
+        await page.click("#stop")
+        await _wait_for(
+            page,
+            """() => document.querySelectorAll('.turn')[1].querySelector('.status').textContent === 'cancelled'
+                     && document.querySelectorAll('.turn')[1].querySelector('.approval').dataset.decision === 'none'""",
+        )
+        stopped = await page.evaluate(
+            """() => { const t = document.querySelectorAll('.turn')[1];
+                       return { buttons: t.querySelectorAll('.approval button').length,
+                                tools: t.querySelector('.tools').textContent }; }"""
+        )
+        assert stopped["buttons"] == 0 and stopped["tools"].startswith("✗ send_message("), stopped
+        assert await _stop_disabled(page)
+        await page.screenshot(path=str(ARTIFACTS / "approval-5-stopped.png"))
+
+
+async def test_an_unanswered_approval_expires(page: Any, dsn: str, schema: str) -> None:
+    async with serve_demo(dsn, schema, approval_timeout=2.0) as base:
+        await page.goto(f"{base}/?user=finn&conversation=hitl-3")
+        await _wait_for(page, "() => !document.querySelector('#empty').hidden")
+        await page.fill("#composer", "send the minutes to the team")
+        await page.click("#send")
+        await _wait_for_pending_card(page)
+        await _wait_for(page, "() => document.querySelector('.turn .status').textContent === 'expired'")
+        card = await _card(page)
+        assert card is not None and card["decision"] == "none" and card["buttons"] == [], card
+        assert card["text"].startswith("expired"), card
+        # The call announced before the wait never ran, and the page says so.
+        assert card["tools"].endswith(": not run (no approval)"), card
+        assert await _stop_disabled(page)
+        await page.screenshot(path=str(ARTIFACTS / "approval-6-expired.png"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from typing import Any
 
 import anyio
 import httpx
@@ -11,9 +12,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from runrow.demo import answer_for
+from runrow.demo import answer_for, approval_answer_for
 
-from .demo_support import answer_text, auth, read_sse, serve_demo
+from .demo_support import SSE, answer_text, auth, read_sse, serve_demo
 
 pytestmark = pytest.mark.anyio
 
@@ -175,6 +176,7 @@ async def test_another_users_runs_answer_404_and_conversations_403(dsn: str, sch
                 ("GET", f"/v1/runs/{rid}/events", {**BOB, "Last-Event-ID": "2"}),  # a reconnect
                 ("GET", f"/v1/runs/{rid}/events?access_token=demo-bob", {}),
                 ("POST", f"/v1/runs/{rid}/cancel", BOB),
+                ("POST", f"/v1/runs/{rid}/input", BOB),
             ):
                 resp = await client.request(method, path, headers=headers)
                 assert resp.status_code == 404, (method, path, resp.text)
@@ -476,7 +478,7 @@ async def _reap_now(dsn: str, schema: str) -> None:
 def test_wait_estimate(
     durations: list[float], position: int | None, slots: int, expected: float | None
 ) -> None:
-    from runrow.demo.queue import estimate_wait
+    from runrow.http._turns import estimate_wait
 
     assert estimate_wait(durations, position, slots) == expected
 
@@ -525,3 +527,186 @@ async def test_the_openapi_document_lists_what_the_api_answers(dsn: str, schema:
     )
     position = paths["/v1/runs/{run_id}/position"]["get"]["responses"]["200"]
     assert "finished_samples" in str(position)
+    answer = paths["/v1/runs/{run_id}/input"]["post"]
+    assert {"200", "400", "404", "409", "422"} <= set(answer["responses"])
+    assert "not_waiting_for_input" in answer["responses"]["409"]["description"]
+    assert answer["requestBody"]["content"]["application/json"]["schema"]["required"] == ["key", "value"]
+
+
+# -- human in the loop: the agent asks for approval before it sends -------------------------
+
+SEND = "please send hello to bob"
+FINISHED = {"completed", "failed", "cancelled", "expired"}
+
+
+async def _approval_asked(client: httpx.AsyncClient, run_id: str) -> tuple[list[SSE], dict[str, Any]]:
+    """Waits for the run to ask for approval: its events so far, and the request's payload."""
+    assert (await _wait_status(client, run_id, {"waiting", *FINISHED}))["status"] == "waiting"
+    events = await read_sse(client, f"/v1/runs/{run_id}/events", ALICE, until="input_requested")
+    assert events[-1].event == "input_requested", [e.event for e in events]
+    return events, events[-1].data
+
+
+async def _answer(client: httpx.AsyncClient, run_id: str, key: str, value: object) -> httpx.Response:
+    return await client.post(f"/v1/runs/{run_id}/input", json={"key": key, "value": value}, headers=ALICE)
+
+
+async def test_approval_is_asked_then_approved_and_the_tool_runs_once(dsn: str, schema: str) -> None:
+    async with serve_demo(dsn, schema) as base, httpx.AsyncClient(base_url=base) as client:
+        run_id = (await _post(client, "conv-ok", SEND))["run_id"]
+        events, asked = await _approval_asked(client, run_id)
+        started = events[-2].data
+        assert events[-2].event == "tool_call_started" and started["name"] == "send_message"
+        args = {"to": "bob", "text": SEND}
+        assert started["arguments"] == args
+        assert asked["key"] == f"approve:{started['tool_call_id']}"
+        assert asked["request"] == {
+            "kind": "approval",
+            "tool": "send_message",
+            "tool_call_id": started["tool_call_id"],
+            "args": args,
+            "prompt": "Send this message to bob?",
+        }
+        assert asked["expires_at"] is not None  # the demo's default limit (600 s)
+        # Waiting: nothing sent yet, and the run stays parked.
+        assert (await client.get("/v1/conversations/conv-ok", headers=ALICE)).json()["notes"] == []
+        await anyio.sleep(0.3)
+        assert (await client.get(f"/v1/runs/{run_id}", headers=ALICE)).json()["status"] == "waiting"
+
+        resp = await _answer(client, run_id, asked["key"], {"approved": True})
+        assert resp.status_code == 200 and resp.json() == {"recorded": True}, resp.text
+        # The same answer again (a double click, a retried request) is harmless...
+        resp = await _answer(client, run_id, asked["key"], {"approved": True})
+        assert resp.status_code == 200 and resp.json() == {"recorded": False}, resp.text
+        # ...another answer is refused: the first one stands.
+        resp = await _answer(client, run_id, asked["key"], {"approved": False})
+        assert resp.status_code == 409, resp.text
+        assert resp.json()["error"]["code"] == "not_waiting_for_input"
+
+        run = await _wait_status(client, run_id, FINISHED)
+        assert run["status"] == "completed", run
+        full = await read_sse(client, f"/v1/runs/{run_id}/events", ALICE)
+        assert [int(e.id or 0) for e in full] == list(range(1, len(full) + 1)), "one gap-free journal"
+        types = [e.event for e in full]
+        assert types.count("tool_call_started") == 1, types  # the replay's emit was dropped
+        assert types.count("input_requested") == 1 and types.count("input_provided") == 1, types
+        assert (
+            types.index("input_requested") < types.index("input_provided") < types.index("tool_call_finished")
+        )
+        provided = full[types.index("input_provided")].data
+        assert provided["key"] == asked["key"] and provided["value"] == {"approved": True}
+        finished = full[types.index("tool_call_finished")].data
+        assert finished["ok"] is True and finished["result"]["sent"] is True
+        assert answer_text(full) == approval_answer_for(SEND, True)
+        assert full[-1].event == "complete" and full[-1].data["status"] == "completed"
+        conv = (await client.get("/v1/conversations/conv-ok", headers=ALICE)).json()
+        assert [n["text"] for n in conv["notes"]] == [f"sent to bob: {SEND}"]  # sent once
+        [turn] = conv["turns"]
+        assert turn["answer"]["content"] == approval_answer_for(SEND, True)
+        [call] = turn["tool_calls"]
+        assert call["name"] == "send_message" and call["result"] == finished["result"]
+        assert turn["inputs"] == [
+            {
+                "key": asked["key"],
+                "request": asked["request"],
+                "expires_at": asked["expires_at"],
+                "provided": True,
+                "value": {"approved": True},
+            }
+        ]
+        # A finished run waits for nothing.
+        resp = await _answer(client, run_id, asked["key"], {"approved": True})
+        assert resp.status_code in (200, 409), resp.text
+
+
+async def test_approval_denied_sends_nothing(dsn: str, schema: str) -> None:
+    async with serve_demo(dsn, schema) as base, httpx.AsyncClient(base_url=base) as client:
+        run_id = (await _post(client, "conv-no", SEND))["run_id"]
+        _, asked = await _approval_asked(client, run_id)
+        resp = await _answer(client, run_id, asked["key"], {"approved": False})
+        assert resp.status_code == 200 and resp.json() == {"recorded": True}, resp.text
+        assert (await _wait_status(client, run_id, FINISHED))["status"] == "completed"
+        full = await read_sse(client, f"/v1/runs/{run_id}/events", ALICE)
+        finished = next(e.data for e in full if e.event == "tool_call_finished")
+        assert finished["ok"] is False and finished["result"] == {"sent": False, "reason": "denied"}
+        assert answer_text(full) == approval_answer_for(SEND, False)
+        conv = (await client.get("/v1/conversations/conv-no", headers=ALICE)).json()
+        assert conv["notes"] == []
+        assert conv["turns"][0]["inputs"][0]["value"] == {"approved": False}
+
+
+async def test_input_answers_409_when_the_run_is_not_waiting_for_it(dsn: str, schema: str) -> None:
+    async with serve_demo(dsn, schema) as base, httpx.AsyncClient(base_url=base) as client:
+        # A run that never asked.
+        plain = (await _post(client, "conv-409", "hello"))["run_id"]
+        assert (await _wait_status(client, plain, FINISHED))["status"] == "completed"
+        resp = await _answer(client, plain, "approve:call_x", {"approved": True})
+        assert resp.status_code == 409, resp.text
+        error = resp.json()["error"]
+        assert error["code"] == "not_waiting_for_input" and error["message"]
+        assert error["key"] == "approve:call_x" and error["status"] == "completed"
+        # A waiting run, asked with a key it is not waiting for.
+        waiting = (await _post(client, "conv-409", SEND))["run_id"]
+        _, asked = await _approval_asked(client, waiting)
+        resp = await _answer(client, waiting, "approve:something-else", {"approved": True})
+        assert resp.status_code == 409, resp.text
+        assert resp.json()["error"]["status"] == "waiting"
+        # Stop cancels a waiting run at once (no worker holds it); then nothing waits.
+        stopped = (await client.post("/v1/conversations/conv-409/stop", headers=ALICE)).json()
+        assert stopped["cancelled"] == [waiting], stopped
+        assert (await client.get(f"/v1/runs/{waiting}", headers=ALICE)).json()["status"] == "cancelled"
+        resp = await _answer(client, waiting, asked["key"], {"approved": True})
+        assert resp.status_code == 409, resp.text
+        assert resp.json()["error"]["status"] == "cancelled"
+        conv = (await client.get("/v1/conversations/conv-409", headers=ALICE)).json()
+        assert conv["turns"][1]["inputs"][0]["provided"] is False
+        assert [n["text"] for n in conv["notes"]] == ["hello"]  # nothing sent
+
+
+async def test_an_unanswered_approval_expires(dsn: str, schema: str) -> None:
+    async with (
+        serve_demo(dsn, schema, approval_timeout=1.0) as base,
+        httpx.AsyncClient(base_url=base) as client,
+    ):
+        run_id = (await _post(client, "conv-exp", SEND))["run_id"]
+        _, asked = await _approval_asked(client, run_id)
+        assert asked["expires_at"] is not None
+        run = await _wait_status(client, run_id, FINISHED, timeout=30)
+        assert run["status"] == "expired", run
+        full = await read_sse(client, f"/v1/runs/{run_id}/events", ALICE)
+        assert full[-1].event == "complete" and full[-1].data["status"] == "expired"
+        resp = await _answer(client, run_id, asked["key"], {"approved": True})
+        assert resp.status_code == 409 and resp.json()["error"]["status"] == "expired", resp.text
+        conv = (await client.get("/v1/conversations/conv-exp", headers=ALICE)).json()
+        assert conv["notes"] == [] and conv["turns"][0]["inputs"][0]["provided"] is False
+        # The call announced before the wait never ran: it is not reported uncertain.
+        assert [t["uncertain"] for t in conv["turns"][0]["tool_calls"]] == [False]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        (b"not json", 400, "bad_json"),
+        (b'["approve:x", true]', 400, "bad_json"),
+        (b"{}", 422, "invalid_input"),
+        (b'{"value": {"approved": true}}', 422, "invalid_input"),
+        (b'{"key": 7, "value": {"approved": true}}', 422, "invalid_input"),
+        (b'{"key": "", "value": {"approved": true}}', 422, "invalid_input"),
+        (b'{"key": "' + b"k" * 201 + b'", "value": true}', 422, "invalid_input"),
+        (b'{"key": "approve:x"}', 422, "invalid_input"),  # no value
+        (b'{"key": "approve:x", "value": "' + b"x" * 200_000 + b'"}', 413, "too_large"),
+    ],
+)
+async def test_malformed_input_answers_4xx_json(
+    dsn: str, schema: str, body: bytes, status: int, code: str
+) -> None:
+    async with serve_demo(dsn, schema, workers=0) as base, httpx.AsyncClient(base_url=base) as client:
+        run_id = (await _post(client, "conv-bad-input", "hi"))["run_id"]
+        resp = await client.post(
+            f"/v1/runs/{run_id}/input",
+            content=body,
+            headers={**ALICE, "Content-Type": "application/json"},
+        )
+        assert resp.status_code == status, resp.text
+        assert resp.json()["error"]["code"] == code and resp.json()["error"]["message"], resp.text
+        assert (await client.get(f"/v1/runs/{run_id}", headers=ALICE)).json()["status"] == "queued"

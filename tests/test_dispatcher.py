@@ -300,7 +300,7 @@ async def test_retry_creates_one_linked_run_for_the_same_message(
     run = await runrow.enqueue(
         dsn, schema=schema, conversation_id="c", user_id="u", content="x", tenant_id="t"
     )
-    with pytest.raises(runrow.InvalidInput, match="only failed or cancelled"):
+    with pytest.raises(runrow.InvalidInput, match="only failed, cancelled or expired"):
         await runrow.retry_run(dsn, run.id, schema=schema)
     (claimed,) = await manual.claim(conn, schema)
     assert await manual.finalize(conn, schema, run.id, claimed["claim_token"], "failed", 3)
@@ -840,14 +840,31 @@ def test_every_async_agent_shape_is_accepted(agent: Any) -> None:
     runrow.Dispatcher("dbname=unused", agent)
 
 
+@pytest.mark.parametrize(
+    ("opt_in", "message", "expected"),
+    [
+        (False, "model exploded", "failed: ValueError (details: runrow runs show {id})"),
+        (True, "model exploded", "failed: ValueError: model exploded (details: runrow runs show {id})"),
+        # One line, at most 300 characters, however the agent wrote it.
+        (True, "line one\n  line two", "failed: ValueError: line one line two (details: runrow runs"),
+        (True, "x" * 1000, "failed: ValueError: " + "x" * 297 + "... (details: runrow runs"),
+    ],
+    ids=["type-only-by-default", "opted-in", "one-line", "cut-short"],
+)
 async def test_a_failed_run_logs_its_error(
-    dsn: str, schema: str, conn: psycopg.AsyncConnection, caplog: pytest.LogCaptureFixture
+    dsn: str,
+    schema: str,
+    conn: psycopg.AsyncConnection,
+    caplog: pytest.LogCaptureFixture,
+    opt_in: bool,
+    message: str,
+    expected: str,
 ) -> None:
     async def agent(run: runrow.RunContext) -> None:
-        raise ValueError("model exploded")
+        raise ValueError(message)
 
     with caplog.at_level(logging.INFO, logger="runrow.dispatcher"):
-        async with runrow.Dispatcher(dsn, agent, schema=schema, **FAST):
+        async with runrow.Dispatcher(dsn, agent, schema=schema, log_error_messages=opt_in, **FAST):
             run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="hi")
             await wait_for(lambda: is_terminal(conn, schema, run.id), what="terminal")
             await wait_for(
@@ -855,10 +872,12 @@ async def test_a_failed_run_logs_its_error(
                 what="the log line",
             )
     (line,) = [r for r in caplog.records if f"run {run.id} failed" in r.getMessage()]
-    # The type says what failed it; the message may quote a user, so it stays in the row
-    # (tests/test_logging.py: logs never carry what users wrote), and the line says where.
-    assert f"failed: ValueError (its message: runrow runs show {run.id})" in line.getMessage()
-    assert "model exploded" not in line.getMessage()
+    # By default the type says what failed it; the message may quote a user, so it stays
+    # in the row (tests/test_logging.py: logs never carry what users wrote) and the line
+    # says where. A host that opts in gets the message too, on one short line.
+    assert expected.format(id=run.id) in line.getMessage()
+    assert (message[:8] in line.getMessage()) is opt_in
+    assert "\n" not in line.getMessage() and len(line.getMessage()) < 450
     assert line.levelno == logging.WARNING
 
 

@@ -4,8 +4,8 @@ The blocks of one page run in order in one namespace (like a notebook), with top
 ``await`` allowed and ``DATABASE_URL`` set to the test database, whose default
 ``runrow`` schema is freshly migrated for each page (and the host schema ``app``, which
 the pages use for the host's own tables, starts empty). A block preceded by an HTML
-comment ``<!-- no-test: reason -->`` is not run; keep those few and say why. A block
-preceded by ``<!-- file: path/from/the/repo.py -->`` shows that file: it must match the
+comment ``<!-- no-test: reason -->`` is not run; keep those few and say why. A block (in
+any language) preceded by ``<!-- file: path/from/the/repo.py -->`` shows that file: it must match the
 file exactly, and is not run here (the file is a program of its own, and a test runs it,
 e.g. tests/test_quickstart.py runs examples/quickstart/).
 """
@@ -57,12 +57,14 @@ def python_blocks(path: Path) -> list[Block]:
             body.append(lines[i])
             i += 1
         i += 1
+        prev = next((lines[j] for j in range(start - 1, -1, -1) if lines[j].strip()), "")
+        file = FILE.match(prev.strip())
         if lang not in ("python", "py"):
+            if file:  # another language's file (the JavaScript clients): shown, checked, not run
+                blocks.append(Block(path, start + 1, "\n".join(body), None, file.group("path")))
             continue
         assert not m.group("indent"), f"{path}:{start + 1}: indented python blocks are not run; dedent it"
-        prev = next((lines[j] for j in range(start - 1, -1, -1) if lines[j].strip()), "")
         skip = NO_TEST.match(prev.strip())
-        file = FILE.match(prev.strip())
         blocks.append(
             Block(
                 path,

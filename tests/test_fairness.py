@@ -307,7 +307,8 @@ async def _explain_claim(conn: psycopg.AsyncConnection, schema: str) -> dict[str
     row = None
     async with conn.transaction(force_rollback=True):  # EXPLAIN ANALYZE really claims: undo it
         cur = await conn.execute(
-            query, {"limit": 8, "lease_seconds": 30, "worker_id": "explain", "now": None}
+            query,
+            {"limit": 8, "lease_seconds": 30, "worker_id": "explain", "now": None, "retry_policy": None},
         )
         row = await cur.fetchone()
     assert row is not None

@@ -220,7 +220,7 @@ async def test_a_deep_queue_never_compiles_the_claim_on_stock_settings(stock: Em
     async with await psycopg.AsyncConnection.connect(dsn) as plain:
         cur = await plain.execute(
             b"EXPLAIN (ANALYZE, FORMAT TEXT) " + claim,
-            {"limit": 16, "lease_seconds": 30, "worker_id": "explain", "now": None},
+            {"limit": 16, "lease_seconds": 30, "worker_id": "explain", "now": None, "retry_policy": None},
         )
         plan = "\n".join(r[0] for r in await cur.fetchall())
         await plain.rollback()
@@ -256,7 +256,7 @@ async def test_runrows_own_connections_plan_every_statement_generically(
         if own:
             await _exec.configure_own(conn)
         for _ in range(3):
-            assert (await reads.get_run(conn, schema, run_id=run.id)) is not None
+            assert (await _exec.run(conn, reads.get_run(schema, run_id=run.id))) is not None
         cur = await conn.execute(
             "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement LIKE %s",
             ("%agent_run WHERE id = $1%",),

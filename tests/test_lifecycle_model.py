@@ -1,9 +1,10 @@
 """A hypothesis state machine drives random lifecycles against the real database and
 checks the invariants after every step:
 
-* at most one running run per conversation;
+* at most one running or waiting run per conversation;
 * a terminal state never changes;
-* every terminal run has exactly one terminal event, and it is the last;
+* every terminal run has exactly one terminal event, and it is the last; a waiting
+  run's last event is its input_requested;
 * every run's journal is gap-free from 1;
 * a turn that was queued when its conversation was stopped never starts;
 * a worker whose claim is gone can write nothing.
@@ -36,7 +37,7 @@ from runrow._engine.reaper import reap_expired
 from . import manual
 
 CONVERSATIONS = ["a", "b", "c"]
-TERMINAL = {"completed", "failed", "cancelled"}
+TERMINAL = {"completed", "failed", "cancelled", "expired"}
 
 
 class Lifecycle(RuleBasedStateMachine):
@@ -56,6 +57,8 @@ class Lifecycle(RuleBasedStateMachine):
         self.first_terminal: dict[uuid.UUID, str] = {}
         self.stopped_queued: set[uuid.UUID] = set()
         self.order: dict[uuid.UUID, int] = {}  # enqueue order: run ids are random, choices must not be
+        self.parks: dict[uuid.UUID, int] = {}  # how many times each run parked (its next input's key)
+        self.deadlines: dict[uuid.UUID, bool] = {}  # waiting runs: whether their wait has a timeout
 
     def ordered(self, ids: Any) -> list[uuid.UUID]:
         return sorted(ids, key=lambda r: self.order.get(r, len(self.order)))
@@ -147,12 +150,70 @@ class Lifecycle(RuleBasedStateMachine):
             assert self.runs()[run_id][1] in TERMINAL
         self._lose(run_id)
 
+    @precondition(lambda self: self.tokens)
+    @rule(data=st.data(), timeout=st.sampled_from([None, 60.0]))
+    def park(self, data: st.DataObject, timeout: float | None) -> None:
+        """The agent waits for input: the run parks (waiting, or cancelled if a stop came first)."""
+        run_id = data.draw(st.sampled_from(self.ordered(self.tokens)))
+        n = self.parks.get(run_id, 0)
+        flagged = self.call(self._cancel_flag, run_id)
+        landed = self.call(
+            manual.park,
+            self.conn,
+            self.schema,
+            run_id,
+            self.tokens[run_id],
+            self.next_seq[run_id],
+            key=f"k{n}",
+            position=n,
+            timeout=timeout,
+        )
+        status = self.runs()[run_id][1]
+        if landed:
+            assert status == ("cancelled" if flagged else "waiting")
+            self.parks[run_id] = n + 1
+            self.deadlines[run_id] = timeout is not None
+        else:
+            assert status in TERMINAL
+        self._lose(run_id)
+
+    async def _cancel_flag(self, run_id: uuid.UUID) -> bool:
+        cur = await self.conn.execute(
+            sql.SQL("SELECT cancel_requested FROM {} WHERE id = %s").format(
+                sql.Identifier(self.schema, "agent_run")
+            ),
+            (run_id,),
+        )
+        row = await cur.fetchone()
+        return bool(row and row[0])
+
+    @precondition(lambda self: self.parks)
+    @rule(data=st.data(), right_key=st.booleans())
+    def provide(self, data: st.DataObject, right_key: bool) -> None:
+        run_id = data.draw(st.sampled_from(self.ordered(self.parks)))
+        status = self.runs()[run_id][1]
+        key = f"k{self.parks[run_id] - 1}" if right_key else "nope"
+        if status == "waiting" and right_key:
+            assert self.call(runrow.provide_input, self.conn, run_id, key, 1, schema=self.schema) is True
+            assert self.runs()[run_id][1] == "queued"
+            assert self.call(runrow.provide_input, self.conn, run_id, key, 1, schema=self.schema) is False
+        else:
+            try:
+                got = self.call(runrow.provide_input, self.conn, run_id, key, 1, schema=self.schema)
+            except runrow.NotWaitingForInput as exc:
+                assert exc.status == status
+            else:  # the same value again, for an input answered before
+                assert got is False and right_key and status != "waiting"
+            assert self.runs()[run_id][1] == status
+
     @rule(conv=st.sampled_from(CONVERSATIONS))
     def stop(self, conv: str) -> None:
-        queued_before = {r for r, (c, s, _) in self.runs().items() if c == conv and s == "queued"}
+        before = {r: s for r, (c, s, _) in self.runs().items() if c == conv}
+        queued_before = {r for r, s in before.items() if s == "queued"}
+        waiting_before = {r for r, s in before.items() if s == "waiting"}
         result = self.call(runrow.stop_conversation, self.conn, conv, schema=self.schema)
-        assert set(result.cancelled) == queued_before
-        self.stopped_queued |= queued_before
+        assert set(result.cancelled) == queued_before | waiting_before
+        self.stopped_queued |= {r for r in queued_before if self.runs()[r][2] is None}
 
     @precondition(lambda self: self.runs())
     @rule(data=st.data())
@@ -161,16 +222,22 @@ class Lifecycle(RuleBasedStateMachine):
         before = self.runs()[run_id][1]
         result = self.call(runrow.cancel_run, self.conn, run_id, schema=self.schema)
         assert result.noop == (before in TERMINAL)
-        if before == "queued":
+        if before in ("queued", "waiting"):
+            assert result.cancelled == [run_id] and self.runs()[run_id][1] == "cancelled"
+        if before == "queued" and self.runs()[run_id][2] is None:
             self.stopped_queued.add(run_id)
 
     @rule()
     def reap(self) -> None:
-        """Every lease is long expired in this rule's clock: the reaper ends all running runs."""
+        """Every lease and every wait's timeout is long over in this rule's clock: the
+        reaper ends all running runs, and the waiting runs whose wait has a timeout."""
         now = self.call(manual.db_now, self.conn) + timedelta(hours=1)
         running = set(self.with_status("running"))
+        timed = {r for r in self.with_status("waiting") if self.deadlines.get(r)}
         reaped = set(self.call(reap_expired, self.conn, schema=self.schema, grace=30, now=now))
-        assert reaped == running
+        assert reaped == running | timed
+        for run_id in timed:
+            assert self.runs()[run_id][1] == "expired"
         for run_id in reaped:
             self._lose(run_id)
 
@@ -182,14 +249,18 @@ class Lifecycle(RuleBasedStateMachine):
         assert not self.call(manual.append, self.conn, self.schema, run_id, token, [(seq, "late", {})])
         assert not self.call(manual.finalize, self.conn, self.schema, run_id, token, "completed", seq)
 
-    @precondition(lambda self: any(s in ("failed", "cancelled") for _, s, _ in self.runs().values()))
+    @precondition(
+        lambda self: any(s in ("failed", "cancelled", "expired") for _, s, _ in self.runs().values())
+    )
     @rule(data=st.data())
     def retry(self, data: st.DataObject) -> None:
-        candidates = self.ordered(r for r, (_, s, _) in self.runs().items() if s in ("failed", "cancelled"))
+        candidates = self.ordered(
+            r for r, (_, s, _) in self.runs().items() if s in ("failed", "cancelled", "expired")
+        )
         run_id = data.draw(st.sampled_from(candidates))
         again = self.call(runrow.retry_run, self.conn, run_id, schema=self.schema)
         self.order.setdefault(again.id, len(self.order))
-        assert again.status in ("queued", "running", *TERMINAL)
+        assert again.status in ("queued", "running", "waiting", *TERMINAL)
 
     def _lose(self, run_id: uuid.UUID) -> None:
         if run_id in self.tokens:
@@ -199,8 +270,8 @@ class Lifecycle(RuleBasedStateMachine):
 
     @invariant()
     def one_running_turn_per_conversation(self) -> None:
-        running = [c for c, s, _ in self.runs().values() if s == "running"]
-        assert len(running) == len(set(running))
+        active = [c for c, s, _ in self.runs().values() if s in ("running", "waiting")]
+        assert len(active) == len(set(active))
 
     @invariant()
     def terminal_states_never_change(self) -> None:
@@ -220,6 +291,8 @@ class Lifecycle(RuleBasedStateMachine):
                 assert terminals == ["complete"] and evs[-1][1] == "complete"
             else:
                 assert terminals == []
+            if runs[run_id][1] == "waiting":
+                assert evs[-1][1] == "input_requested"
 
     @invariant()
     def stopped_queued_turns_never_start(self) -> None:

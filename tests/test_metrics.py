@@ -240,3 +240,25 @@ async def test_queue_stats_agrees_with_the_collector(dsn: str, schema: str) -> N
     await collector.refresh()
     found = {(m.name, tuple(s.labels.items())): s.value for m in collector.collect() for s in m.samples}
     assert found[("runrow_queue_depth", (("tenant", "t"),))] == 3
+
+
+async def test_retries_are_counted_by_attempt(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
+    registry = CollectorRegistry()
+    observer = PrometheusObserver(registry)
+
+    async def agent(run: runrow.RunContext) -> None:
+        if run.attempt < 3:
+            raise TimeoutError("flaky")
+
+    policy = runrow.RetryPolicy(max_attempts=3, backoff=0)
+    async with runrow.Dispatcher(dsn, agent, schema=schema, observers=[observer], poll=0.5, retry=policy):
+        await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
+        await wait_for(
+            lambda: registry.get_sample_value(
+                "runrow_runs_finished_total", {"status": "completed", "recorded": "true"}
+            ),
+            what="the third attempt to complete",
+        )
+    assert registry.get_sample_value("runrow_runs_started_total") == 3
+    assert registry.get_sample_value("runrow_retries_started_total", {"attempt": "2"}) == 1
+    assert registry.get_sample_value("runrow_retries_started_total", {"attempt": "3"}) == 1

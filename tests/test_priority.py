@@ -67,7 +67,8 @@ async def _claim(
 
     cur = conn.cursor(row_factory=psycopg.rows.dict_row)
     await cur.execute(
-        statement_text(name, schema), {"limit": 5, "lease_seconds": 30, "worker_id": "t", "now": now}
+        statement_text(name, schema),
+        {"limit": 5, "lease_seconds": 30, "worker_id": "t", "now": now, "retry_policy": None},
     )
     return await cur.fetchall()
 

@@ -46,19 +46,28 @@ class Workers:
         poll: float = 0.5,
         env: dict[str, str] | None = None,
     ) -> subprocess.Popen[str]:
-        proc = subprocess.Popen(
+        args = [str(a) for a in (dispatchers, concurrency, lease, heartbeat, grace, poll)]
+        proc = self._spawn(["tests.worker_proc", agent, *args], env)
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.strip() == "ready", (line, proc.stderr.read() if proc.poll() is not None else "")  # type: ignore[union-attr]
+        return proc
+
+    def cli(self, dsn: str, schema: str, agent: str, *args: str) -> subprocess.Popen[str]:
+        """`runrow worker tests.agents:AGENT ARGS...` on the test's schema, once ready."""
+        proc = self._spawn(
             [
-                sys.executable,
-                "-m",
-                "tests.worker_proc",
-                agent,
-                str(dispatchers),
-                str(concurrency),
-                str(lease),
-                str(heartbeat),
-                str(grace),
-                str(poll),
-            ],
+                *("runrow.cli", "worker", f"tests.agents:{agent}"),
+                *("--database-url", dsn, "--schema", schema, "--poll-seconds", "0.5", *args),
+            ]
+        )
+        assert proc.stdout is not None and "ready" in proc.stdout.readline()
+        return proc
+
+    def _spawn(self, module_args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        """``python -m MODULE ARGS...`` from the checkout, with pipes; killed at the test's end."""
+        proc = subprocess.Popen(
+            [sys.executable, "-m", *module_args],
             cwd=ROOT,
             env={**self.env, **(env or {})},
             stdout=subprocess.PIPE,
@@ -66,9 +75,6 @@ class Workers:
             text=True,
         )
         self.procs.append(proc)
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.strip() == "ready", (line, proc.stderr.read() if proc.poll() is not None else "")  # type: ignore[union-attr]
         return proc
 
     def kill_all(self) -> None:
@@ -421,3 +427,47 @@ async def test_cli_worker_json_reports_ready_and_drain_and_logs_json(
     logs = [json.loads(line) for line in err.splitlines()]
     assert any(line.get("run_id") == str(run.id) for line in logs), logs
     assert all({"time", "level", "logger", "message"} <= line.keys() for line in logs)
+
+
+@pytest.mark.parametrize("opt_in", [False, True], ids=["default", "log-error-messages"])
+async def test_cli_worker_logs_error_messages_only_when_asked(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection, workers: Workers, opt_in: bool
+) -> None:
+    """A failed run's log line names the error's type; `--log-error-messages` adds its message."""
+    proc = workers.cli(dsn, schema, "failing_agent", *(["--log-error-messages"] if opt_in else []))
+    run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="left-pad")
+    await wait_for(lambda: _is(conn, schema, run.id, "failed"), what="the run to fail")
+    assert proc.stderr is not None
+    stderr = proc.stderr
+
+    def read_the_line() -> str:
+        while line := stderr.readline():
+            if f"run {run.id} failed" in line:
+                return line
+        return ""
+
+    with anyio.fail_after(30):
+        line = await anyio.to_thread.run_sync(read_the_line)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=30)
+    said = "RuntimeError: the tool broke on 'left-pad'" if opt_in else "RuntimeError ("
+    assert said in line and f"runrow runs show {run.id}" in line, line
+    assert ("left-pad" in line) is opt_in
+
+
+async def test_cli_worker_retries_when_asked(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection, workers: Workers
+) -> None:
+    """`runrow worker --retry-attempts 2`: a failed run is retried once, as attempt 2."""
+    proc = workers.cli(dsn, schema, "failing_agent", "--retry-attempts", "2", "--retry-backoff-seconds", "0")
+    run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
+
+    async def retried() -> list[runrow.RunInfo] | None:
+        runs = await runrow.list_runs(dsn, schema=schema)
+        return runs if len(runs) == 2 and all(r.terminal for r in runs) else None
+
+    retry, first = await wait_for(retried, timeout=20, what="the retry to fail too")
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=30)
+    assert (first.id, first.attempt, retry.attempt, retry.retry_of) == (run.id, 1, 2, run.id)
+    assert first.status == retry.status == "failed"

@@ -18,11 +18,14 @@ EXPECTED = {
     "InvalidInput",
     "LeaseLost",
     "Message",
+    "NotWaitingForInput",
     "NotifyHub",
     "Observer",
     "Overloaded",
+    "PendingInput",
     "QueuePosition",
     "QueueStats",
+    "RetryPolicy",
     "Run",
     "RunContext",
     "RunInfo",
@@ -31,6 +34,9 @@ EXPECTED = {
     "RunTrimmed",
     "RunrowError",
     "SchemaOutOfDate",
+    "StepFailed",
+    "StepMismatch",
+    "StepUncertain",
     "StopResult",
     "TenantPolicy",
     "TrimResult",
@@ -40,6 +46,7 @@ EXPECTED = {
     "latest_version",
     "list_runs",
     "migrate",
+    "provide_input",
     "queue_position",
     "queue_stats",
     "retry_run",
@@ -49,6 +56,7 @@ EXPECTED = {
     "tenant_policies",
     "transcript",
     "trim",
+    "waiting_inputs",
 }
 
 
@@ -71,9 +79,33 @@ def test_errors_share_one_base() -> None:
         "IdempotencyConflict",
         "InvalidInput",
         "LeaseLost",
+        "NotWaitingForInput",
         "Overloaded",
         "RunNotFound",
         "RunTrimmed",
         "SchemaOutOfDate",
+        "StepFailed",
+        "StepMismatch",
+        "StepUncertain",
     ):
         assert issubclass(getattr(runrow, name), runrow.RunrowError)
+
+
+def test_the_sync_module_is_the_expected_api() -> None:
+    """runrow.sync: the async API's calls a synchronous request handler makes, no more."""
+    from runrow import sync
+
+    assert set(sync.__all__) == {
+        "cancel_run",
+        "enqueue",
+        "get_run",
+        "provide_input",
+        "queue_position",
+        "retry_run",
+        "stop_conversation",
+        "tail",
+        "waiting_inputs",
+    }
+    assert (sync.__doc__ or "").strip()
+    for name in sync.__all__:
+        assert (getattr(sync, name).__doc__ or "").strip(), f"sync.{name} has no docstring"

@@ -280,3 +280,57 @@ async def test_reaper_blocked_behind_a_heartbeat_rechecks_after_it(
         await beat.close()
     assert reaped == [[]]
     assert await status_of(conn, schema, run.id) == "running"
+
+
+async def test_heartbeat_and_reaper_keep_going_while_the_runs_hold_every_pooled_connection(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    """The heartbeat and the reaper take turns on a connection of their own: with every
+    other connection of the pool checked out (runs busy in the database), the live run
+    keeps its lease and a dead worker's run is still reaped on time."""
+    from psycopg_pool import PoolTimeout
+
+    release = anyio.Event()
+
+    async def agent(run: runrow.RunContext) -> None:
+        await release.wait()
+
+    # A dead worker's run, whose lease lapses once the pool below is exhausted.
+    dead = await runrow.enqueue(dsn, schema=schema, conversation_id="dead", user_id="u", content="y")
+    (claimed,) = await manual.claim(conn, schema, lease=2.5, worker_id="dead-worker")
+    assert claimed["id"] == dead.id
+    live = await runrow.enqueue(dsn, schema=schema, conversation_id="live", user_id="u", content="x")
+    opts = {**FAST, "lease": 1.0, "heartbeat": 0.2, "grace": 0.3, "reap_interval": 0.1, "poll": 0.1}
+    async with runrow.Dispatcher(dsn, agent, schema=schema, concurrency=3, **opts) as d:
+        await wait_for(lambda: live.id in d.in_flight, what="the live run to start")
+        # Every connection the pool can still hand out is taken, and kept, by "the runs".
+        held: list[psycopg.AsyncConnection] = []
+        try:
+            while True:
+                held.append(await d.pool.getconn(timeout=0.3))
+        except PoolTimeout:
+            pass
+        try:
+            with pytest.raises(PoolTimeout):
+                await d.pool.getconn(timeout=0.1)
+            assert await status_of(conn, schema, dead.id) == "running"
+            await wait_for(
+                lambda: is_terminal(conn, schema, dead.id), what="the dead worker's run to be reaped"
+            )
+            assert await status_of(conn, schema, dead.id) == "failed"
+            # Heartbeats go on: the live claim is extended well past three of its leases.
+            first = (await run_row(conn, schema, live.id))["claim_expires_at"]
+
+            async def extended() -> bool:
+                row = await run_row(conn, schema, live.id)
+                return row["status"] == "running" and row["claim_expires_at"] > first + timedelta(seconds=3)
+
+            await wait_for(extended, what="heartbeats to extend the live run's lease")
+            assert live.id in d.in_flight
+        finally:
+            for c in held:
+                await d.pool.putconn(c)
+        release.set()
+        await wait_for(lambda: is_terminal(conn, schema, live.id), what="the live run to finish")
+    assert await status_of(conn, schema, live.id) == "completed"
+    assert d.get_stats()["lost"] == 0

@@ -3,7 +3,7 @@ costs latency, never correctness. These tests own a PostgreSQL server they can r
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import anyio
 import psycopg
@@ -19,13 +19,8 @@ SCHEMA = "restart_test"
 
 
 @pytest.fixture
-def server() -> Iterator[EmbeddedPostgres]:
-    pg = EmbeddedPostgres(fast=True)
-    pg.start()
-    try:
-        yield pg
-    finally:
-        pg.stop()
+def server(restartable_server: EmbeddedPostgres) -> EmbeddedPostgres:
+    return restartable_server
 
 
 @pytest.fixture

@@ -263,18 +263,24 @@ async def test_a_stop_that_lands_during_a_drain_still_ends_the_run_cancelled(
     assert evs[-1][2] == {"status": "cancelled", "reason": "stopped"}
 
 
-def _stop_right_after_the_claim(
+async def _stop_right_after_the_claim(
     d: runrow.Dispatcher, race: Callable[[list[Any]], Awaitable[None]]
 ) -> list[bool]:
     """Makes a running dispatcher's next claim that takes runs, once it has committed and
     before the claimed runs are registered, let the test commit a real stop and wait
     until the stop's NOTIFY has been handled by the cancel watcher: the race, made
-    deterministic. The returned flag is set once the race ran."""
+    deterministic. The returned flag is set once the race ran.
+
+    Returns once the claim loop has entered the wrapped claim: a claim already in flight
+    when the wrapper went in (the loop claims on every poll tick) could otherwise take a
+    run enqueued right after, without the race."""
     claimer = d._parts.claimer
     plain = claimer._claim
     ran = [False]
+    entered = anyio.Event()
 
     async def claim(limit: int) -> list[Any]:
+        entered.set()
         rows = await plain(limit)
         if rows and not ran[0]:
             ran[0] = True
@@ -282,6 +288,8 @@ def _stop_right_after_the_claim(
         return rows
 
     claimer._claim = claim  # type: ignore[method-assign]
+    with anyio.fail_after(10):
+        await entered.wait()  # (the idle claim loop ticks every poll: 0.5 s here)
     return ran
 
 
@@ -328,7 +336,7 @@ async def test_a_stop_committed_between_claim_and_registration_is_not_lost(
                     what="the watcher to handle the stop's NOTIFY",
                 )
 
-            ran = _stop_right_after_the_claim(d, race)
+            ran = await _stop_right_after_the_claim(d, race)
             run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
             asked = anyio.current_time()
             await wait_for(lambda: is_terminal(conn, schema, run.id), timeout=5, what="the stop to end it")
@@ -360,5 +368,34 @@ async def test_a_run_claimed_with_its_cancel_flag_set_is_cancelled_without_runni
         assert d.get_stats()["claimed"] == 1
     assert ran == []
     assert await status_of(conn, schema, run.id) == "cancelled"
+    evs = await assert_journal_sound(conn, schema, run.id)
+    assert evs[-1][2] == {"status": "cancelled", "reason": "stopped"}
+
+
+async def test_an_agent_that_fails_once_the_stop_reached_it_ends_cancelled(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    """A stop reaches the agent inside a shielded write that then fails (a timeout, a cut
+    connection): the agent raises instead of being cancelled. The user asked to stop, and
+    the run ends cancelled, not failed (seen once in the long chaos run)."""
+    seen: list[runrow.RunContext] = []
+    go = anyio.Event()
+
+    async def agent(run: runrow.RunContext) -> None:
+        seen.append(run)
+        with anyio.CancelScope(shield=True):  # as write_message shields its write
+            await go.wait()
+            raise TimeoutError("the write outlived its budget")
+
+    run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
+    async with runrow.Dispatcher(dsn, agent, schema=schema, poll=0.1, heartbeat=0.2, lease=2.0) as d:
+        await wait_for(lambda: seen, what="the agent to start")
+        assert (await runrow.cancel_run(dsn, run.id, schema=schema)).cancel_requested == [run.id]
+        await wait_for(lambda: seen[0].cancel_requested, what="the stop to reach the worker")
+        go.set()
+        await wait_for(lambda: is_terminal(conn, schema, run.id), what="the run to end")
+        assert d.get_stats()["cancelled"] == 1
+    row = await run_row(conn, schema, run.id)
+    assert row["status"] == "cancelled" and row["error"] is None
     evs = await assert_journal_sound(conn, schema, run.id)
     assert evs[-1][2] == {"status": "cancelled", "reason": "stopped"}

@@ -2,7 +2,8 @@
 
     python -m tests.worker_proc AGENT_NAME DISPATCHERS CONCURRENCY LEASE HEARTBEAT GRACE POLL
 
-Reads RUNROW_TEST_DSN and RUNROW_TEST_SCHEMA; prints "ready" once every dispatcher runs,
+Reads RUNROW_TEST_DSN and RUNROW_TEST_SCHEMA (and RUNROW_TEST_RETRY: max attempts of an
+automatic retry policy); prints "ready" once every dispatcher runs,
 and a drain report line per dispatcher when stopped.
 """
 
@@ -24,6 +25,8 @@ async def main(argv: list[str]) -> None:
     name, n, concurrency, lease, heartbeat, grace, poll = argv
     agent = getattr(agents, name)
     dsn, schema = os.environ["RUNROW_TEST_DSN"], os.environ["RUNROW_TEST_SCHEMA"]
+    attempts = os.environ.get("RUNROW_TEST_RETRY")  # automatic retries, at once, up to this many attempts
+    retry = runrow.RetryPolicy(max_attempts=int(attempts), backoff=0) if attempts else None
     async with contextlib.AsyncExitStack() as stack:
         dispatchers = [
             await stack.enter_async_context(
@@ -37,6 +40,7 @@ async def main(argv: list[str]) -> None:
                     grace=float(grace),
                     poll=float(poll),
                     reap_interval=float(poll),
+                    retry=retry,
                 )
             )
             for _ in range(int(n))

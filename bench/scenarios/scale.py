@@ -62,7 +62,8 @@ class _Probe:
     async def claim_ms(self) -> float:
         t0 = time.perf_counter()
         cur = await self.conn.execute(
-            self.claim, {"limit": 1, "lease_seconds": 30.0, "worker_id": "probe", "now": None}
+            self.claim,
+            {"limit": 1, "lease_seconds": 30.0, "worker_id": "probe", "now": None, "retry_policy": None},
         )
         rows = await cur.fetchall()
         ms = (time.perf_counter() - t0) * 1000
@@ -87,7 +88,7 @@ class _Probe:
         async with self.conn.transaction(force_rollback=True):
             cur = await self.conn.execute(
                 b"EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + self.claim,
-                {"limit": 1, "lease_seconds": 30.0, "worker_id": "probe", "now": None},
+                {"limit": 1, "lease_seconds": 30.0, "worker_id": "probe", "now": None, "retry_policy": None},
             )
             out["claim"] = "\n".join(r[0] for r in await cur.fetchall())
         cur = await self.conn.execute(

@@ -225,7 +225,14 @@ async def drain_bare(b: Bench, schema: str, n: int, workers: int, batch: int, op
         nonlocal done
         while True:
             cur = await conn.execute(
-                claim, {"limit": batch, "lease_seconds": 30.0, "worker_id": "bare", "now": None}
+                claim,
+                {
+                    "limit": batch,
+                    "lease_seconds": 30.0,
+                    "worker_id": "bare",
+                    "now": None,
+                    "retry_policy": None,
+                },
             )
             got = await cur.fetchall()
             if not got:
@@ -312,7 +319,14 @@ async def drain_bare_pipelined(
                     tg.start_soon(end, previous)
                 t1 = time.perf_counter()
                 cur = await claimer.execute(
-                    claim, {"limit": concurrency, "lease_seconds": 30.0, "worker_id": "bare", "now": None}
+                    claim,
+                    {
+                        "limit": concurrency,
+                        "lease_seconds": 30.0,
+                        "worker_id": "bare",
+                        "now": None,
+                        "retry_policy": None,
+                    },
                 )
                 previous = await cur.fetchall()
                 if claim_seconds is not None:

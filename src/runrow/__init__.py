@@ -13,19 +13,25 @@ from ._errors import (
     IdempotencyConflict,
     InvalidInput,
     LeaseLost,
+    NotWaitingForInput,
     Overloaded,
     RunNotFound,
     RunrowError,
     RunTrimmed,
     SchemaOutOfDate,
+    StepFailed,
+    StepMismatch,
+    StepUncertain,
 )
 from ._events import Event
 from ._hub import NotifyHub
+from ._inputs import PendingInput, provide_input, waiting_inputs
 from ._migrate import latest_version, migrate
 from ._models import Draft, Message, QueuePosition, Run, RunInfo, RunStatus, StopResult, TenantPolicy
 from ._observe import Observer
 from ._queries import QueueStats, get_run, list_runs, queue_stats, transcript
 from ._retention import TrimResult, trim
+from ._retry import RetryPolicy
 from ._stop import cancel_run, stop_conversation
 from ._tail import tail
 from ._tenants import queue_position, set_tenant_policy, tenant_policies
@@ -42,11 +48,14 @@ __all__ = [
     "InvalidInput",
     "LeaseLost",
     "Message",
+    "NotWaitingForInput",
     "NotifyHub",
     "Observer",
     "Overloaded",
+    "PendingInput",
     "QueuePosition",
     "QueueStats",
+    "RetryPolicy",
     "Run",
     "RunContext",
     "RunInfo",
@@ -55,6 +64,9 @@ __all__ = [
     "RunTrimmed",
     "RunrowError",
     "SchemaOutOfDate",
+    "StepFailed",
+    "StepMismatch",
+    "StepUncertain",
     "StopResult",
     "TenantPolicy",
     "TrimResult",
@@ -64,6 +76,7 @@ __all__ = [
     "latest_version",
     "list_runs",
     "migrate",
+    "provide_input",
     "queue_position",
     "queue_stats",
     "retry_run",
@@ -73,6 +86,7 @@ __all__ = [
     "tenant_policies",
     "transcript",
     "trim",
+    "waiting_inputs",
 ]
 
 __version__ = "0.1.0.dev0"

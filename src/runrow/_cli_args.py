@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 from . import __version__
 from ._devdb import data_home, default_dir
+from ._models import RunStatus
 from ._names import DEFAULT_SCHEMA
 
 if TYPE_CHECKING:
@@ -78,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
         ("--grace-seconds", float, 30.0, "how long past its lease a run waits before the reaper fails it"),
         ("--poll-seconds", float, 10.0, "how often to look for work without a NOTIFY"),
         ("--drain-seconds", float, 30.0, "on SIGTERM/SIGINT, how long runs in flight may finish"),
+        ("--retry-attempts", int, 1, "attempts per turn, the first included; above 1 retries failed runs"),
+        ("--retry-backoff-seconds", float, 1.0, "wait before the first automatic retry; doubled after"),
     ):
         w.add_argument(flag, type=kind, default=default, help=f"{text} (default: %(default)s)")
     w.add_argument("--worker-id", help="this worker's name in the runs it claims (default: host:pid:random)")
@@ -92,25 +95,33 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="for a --database-url behind a transaction-pooling pgbouncer",
     )
+    w.add_argument(
+        "--log-error-messages",
+        action="store_true",
+        help="log a failed run's error message, not only its type (a message may quote user content)",
+    )
 
     r = sub.add_parser("runs", help="inspect, follow, cancel or retry runs")
     rsub = _group(r, "runs_command")
     rl = rsub.add_parser("list", parents=[common], help="recent runs, newest first")
     rl.add_argument("--conversation", help="only this conversation's runs (default: all)")
-    rl.add_argument(
-        "--status",
-        choices=["queued", "running", "completed", "failed", "cancelled"],
-        help="only runs in this status (default: any)",
-    )
+    rl.add_argument("--status", choices=get_args(RunStatus), help="only runs in this status (default: any)")
     rl.add_argument("--limit", type=int, default=50, help="at most this many runs (default: %(default)s)")
     run_id_help = "the run's id (a UUID, as `runrow runs list` shows)"
     for name, helptext in (
         ("show", "one run's row"),
         ("cancel", "stop one run"),
-        ("retry", "a new run for a failed or cancelled run's message"),
+        ("retry", "a new run for a failed, cancelled or expired run's message"),
         ("position", "a queued run's place in the fair queue and its estimated wait"),
     ):
         rsub.add_parser(name, parents=[common], help=helptext).add_argument("run_id", help=run_id_help)
+    rw = rsub.add_parser("waiting", parents=[common], help="the inputs waiting runs wait for, newest first")
+    rw.add_argument("--conversation", help="only this conversation's (default: all)")
+    rw.add_argument("--limit", type=int, default=50, help="at most this many (default: %(default)s)")
+    ri = rsub.add_parser("input", parents=[common], help="answer a waiting run's input; the run resumes")
+    ri.add_argument("run_id", help=run_id_help)
+    ri.add_argument("key", help="the input's key (as `runrow runs waiting` shows)")
+    ri.add_argument("value", help="the answer, as JSON: true, 42, '\"text\"', '{\"approved\": true}'")
     rt = rsub.add_parser("tail", parents=[common], help="follow a run's events until it ends")
     rt.add_argument("run_id", help=run_id_help)
     rt.add_argument(
@@ -130,6 +141,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     sub.add_parser("stats", parents=[common], help="queue depth, running, outcomes")
+
+    web = sub.add_parser(
+        "web",
+        parents=[common],
+        help="serve the admin dashboard (runs, queue health, actions) on a port",
+        description="Serves runrow.admin on its own. With a token (--token or $RUNROW_WEB_TOKEN) "
+        "requests must carry it (open /login?token=TOKEN once in a browser); without one it binds "
+        "and answers this machine only. Needs `pip install runrow[http]` and uvicorn.",
+    )
+    web.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
+    web.add_argument("--port", type=int, default=8001, help="port to bind (default: %(default)s)")
+    web.add_argument("--token", help="the access token (default: $RUNROW_WEB_TOKEN; none: local only)")
+    web.add_argument("--read-only", action="store_true", help="no cancel, retry or stop")
 
     dev = argparse.ArgumentParser(add_help=False)
     dev.add_argument(

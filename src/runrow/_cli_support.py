@@ -17,6 +17,7 @@ from ._errors import RunNotFound, RunrowError
 from ._json import parse_run_id
 
 if TYPE_CHECKING:
+    import argparse
     from collections.abc import AsyncIterator, Callable
     from uuid import UUID
 
@@ -27,6 +28,7 @@ __all__ = [
     "run_id_arg",
     "target",
     "wait_for_database",
+    "web",
 ]
 
 # Connection failures that a server coming up (or back) cures; anything else (a wrong
@@ -186,3 +188,12 @@ def configure_logging(*, verbose: bool, json_lines: bool) -> None:
         else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     )
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler])
+
+
+def web(args: argparse.Namespace, database_url: str, *, say: Callable[[str], Any]) -> int:
+    """``runrow web`` (see :mod:`runrow.admin._web`), its extras imported only now."""
+    try:
+        from .admin._web import command
+    except ImportError as exc:  # runrow[http]'s starlette
+        raise SystemExit(f"runrow web needs {exc.name}: pip install 'runrow[http]' uvicorn") from None
+    return command(args, database_url, say=say)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, TypeAlias, TypeVar, cast
 
 import anyio
 import psycopg
@@ -13,10 +13,14 @@ from psycopg_pool import AsyncConnectionPool
 
 from ._errors import InvalidInput, SchemaOutOfDate
 from ._gateway import schema as _schema
-from ._gateway._exec import own_transaction
+from ._gateway._exec import own_transaction, run
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable
+
+    from ._ops import Operation
+
+T = TypeVar("T")
 
 
 Database: TypeAlias = str | AsyncConnectionPool[AsyncConnection] | AsyncConnection
@@ -60,12 +64,15 @@ async def atomic(db: Database) -> AsyncIterator[AsyncConnection]:
 
 
 @asynccontextmanager
-async def statement_conn(db: Database) -> AsyncIterator[AsyncConnection]:
+async def statement_conn(db: Database | HeldConnection) -> AsyncIterator[AsyncConnection]:
     """A connection for one self-contained statement (atomic on its own).
 
     Autocommit connections run it as one round trip; others get a transaction.
     """
-    if isinstance(db, AsyncConnectionPool):
+    if isinstance(db, HeldConnection):
+        async with db.statement() as conn:
+            yield conn
+    elif isinstance(db, AsyncConnectionPool):
         async with db.connection() as conn:
             if conn.autocommit:
                 yield conn
@@ -91,11 +98,28 @@ async def schema_guard(db: Database, schema: str) -> AsyncIterator[None]:
     except MISSING_SCHEMA as exc:
         try:
             async with statement_conn(db) as conn:
-                found = await _schema.version(conn, schema)
+                found = await run(conn, _schema.version(schema))
         except psycopg.Error:
             found = None  # e.g. the caller's transaction is aborted: say what we can
         expected = _schema.latest_version()
         raise SchemaOutOfDate(schema, found if found != expected else None, expected) from exc
+
+
+async def perform(db: Database, schema: str, op: Operation[T]) -> T:
+    """Runs an operation of the API (see ``_ops.py``) and returns its result.
+
+    Its checks run first, before a connection is taken; each step then runs in
+    :func:`atomic` or :func:`statement_conn`, as it asks.
+    """
+    step = next(op)
+    async with schema_guard(db, schema):
+        while True:
+            async with atomic(db) if step.atomic else statement_conn(db) as conn:
+                result = await run(conn, step.plan)
+            try:
+                step = op.send(result)
+            except StopIteration as done:
+                return cast("T", done.value)
 
 
 def describe(exc: BaseException) -> str:
@@ -145,6 +169,14 @@ class HeldConnection:
         the connection is given back, ``undo(conn)`` takes it off first; if that
         fails, the connection is closed instead of handed to the pool's other users."""
         self._undo = undo
+
+    async def take(self) -> None:
+        """Takes the connection to keep now rather than at the first statement, so a pool
+        the other users have emptied by then cannot hold the loop's first statement up
+        (a no-op below ``min_pool``, or when one is kept)."""
+        pool = self._pool()
+        if self._conn is None and pool.max_size >= self._min_pool:
+            self._conn = await pool.getconn()
 
     @asynccontextmanager
     async def statement(self) -> AsyncIterator[AsyncConnection]:

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from . import _json
-from ._db import Database, atomic, schema_guard, statement_conn
+from ._db import Database, perform
 from ._errors import (
     ConversationBusy,
     IdempotencyConflict,
@@ -20,14 +20,16 @@ from ._errors import (
 from ._gateway import reads, submit
 from ._models import Run, StopResult
 from ._names import DEFAULT_SCHEMA, Channels, check_schema
+from ._ops import in_transaction, self_contained
 from ._stop import stop_locked
 
 if TYPE_CHECKING:
     import uuid
 
-    from psycopg import AsyncConnection
+    from ._gateway._exec import Plan
+    from ._ops import Operation
 
-__all__ = ["DEFAULT_MAX_CONTENT_BYTES", "OnBusy", "enqueue", "retry_run"]
+__all__ = ["DEFAULT_MAX_CONTENT_BYTES", "OnBusy", "enqueue", "enqueue_op", "retry_run", "retry_run_op"]
 
 DEFAULT_MAX_CONTENT_BYTES = 256 * 1024
 """Default size limit of a message's content, as serialised JSON."""
@@ -106,6 +108,46 @@ async def enqueue(
     Raises :class:`InvalidInput` (nothing written) for empty or non-text ids, content
     or request that is not JSON, contains NUL characters, or exceeds the size limit.
     """
+    return await perform(
+        db,
+        schema,
+        enqueue_op(
+            conversation_id=conversation_id,
+            user_id=user_id,
+            content=content,
+            tenant_id=tenant_id,
+            idempotency_key=idempotency_key,
+            request=request,
+            priority=priority,
+            not_before=not_before,
+            deadline=deadline,
+            on_busy=on_busy,
+            max_queued_per_tenant=max_queued_per_tenant,
+            max_queued_per_conversation=max_queued_per_conversation,
+            schema=schema,
+            max_content_bytes=max_content_bytes,
+        ),
+    )
+
+
+def enqueue_op(
+    *,
+    conversation_id: str,
+    user_id: str,
+    content: Any,
+    tenant_id: str | None,
+    idempotency_key: str | None,
+    request: Any,
+    priority: int,
+    not_before: datetime | timedelta | None,
+    deadline: datetime | timedelta | None,
+    on_busy: OnBusy,
+    max_queued_per_tenant: int | None,
+    max_queued_per_conversation: int | None,
+    schema: str,
+    max_content_bytes: int,
+) -> Operation[Run]:
+    """:func:`enqueue` as an operation (see ``_ops.py``), for the async and the sync API."""
     check_schema(schema)
     _json.check_id(conversation_id, "conversation_id")
     _json.check_id(user_id, "user_id")
@@ -136,63 +178,80 @@ async def enqueue(
         "max_queued_tenant": max_queued_per_tenant,
         "max_queued_conversation": max_queued_per_conversation,
     }
-    # Taken by every enqueue of the conversation: its turns queue in commit order.
-    conversation_lock = _conversation_lock(schema, conversation_id)
-    wake_channel = Channels.for_schema(schema).wake
     gated = (
         on_busy != "enqueue" or max_queued_per_tenant is not None or max_queued_per_conversation is not None
     )
-    interrupted: StopResult | None = None
+    submission = _submit(
+        schema,
+        params,
+        on_busy=on_busy,
+        gated=gated,
+        priority=priority,
+        not_before_at=not_before_at,
+        not_before_in=not_before_in,
+        deadline_at=deadline_at,
+        deadline_in=deadline_in,
+    )
     # Ungated, the enqueue is one self-contained statement: one round trip on an autocommit
     # connection, joined to the caller's transaction if there is one. Gated enqueues take
     # their admission lock first, in the same transaction as the statement.
-    async with schema_guard(db, schema), atomic(db) if gated else statement_conn(db) as conn:
-        if gated:
-            await submit.admission_lock(
-                conn,
-                schema,
-                tenant_lock=None
-                if max_queued_per_tenant is None
-                else f"runrow.enqueue:{schema}:tenant:{tenant_id or ''}",
-                conversation_lock=conversation_lock,
-            )
-        if on_busy == "interrupt":
-            interrupted = await _interrupt(conn, schema, params)
-        gate = await submit.enqueue(
-            conn,
-            schema,
-            conversation_id=conversation_id,
-            user_id=user_id,
-            tenant_id=tenant_id,
-            idempotency_key=idempotency_key,
-            content=params["content"],
-            request=params["request"],
-            priority=priority,
-            not_before_at=not_before_at,
-            not_before_in=not_before_in,
-            deadline_at=deadline_at,
-            deadline_in=deadline_in,
-            max_queued_tenant=max_queued_per_tenant,
-            max_queued_conversation=max_queued_per_conversation,
-            reject_if_busy=on_busy == "reject",
-            wake_channel=wake_channel,
-            conversation_lock=conversation_lock,
-        )
-        if gate.run is not None:
-            return Run(*gate.run, created=True, interrupted=interrupted)
-        refused = not gate.admitted
-        if refused and idempotency_key is None:
-            await _refuse(conn, schema, gate, params)
+    submitted: tuple[submit.Admission, StopResult | None]
+    submitted = yield (in_transaction if gated else self_contained)(submission)
+    gate, interrupted = submitted
+    if gate.run is not None:
+        return Run(*gate.run, created=True, interrupted=interrupted)
     # The key exists: the first run won (the INSERT waited for it to commit). Read it, in
     # a statement whose snapshot sees that commit, and compare it with this turn.
-    async with statement_conn(db) as conn:
-        found = await _find_idempotent(conn, schema, params)
-        if found is None and refused:
-            await _refuse(conn, schema, gate, params)
+    found: submit.IdempotentRun | None = yield self_contained(_read_back(schema, gate, params))
     if found is None:  # pragma: no cover - the conflict guarantees a committed row
         raise RunrowError("idempotent enqueue conflicted but the first run is not visible")
     _same_turn(found, params)
     return Run(*found.run, created=False)
+
+
+def _submit(
+    schema: str, params: dict[str, Any], *, on_busy: OnBusy, gated: bool, **when: Any
+) -> Plan[tuple[submit.Admission, StopResult | None]]:
+    """The enqueue's first step: its locks, the interrupt, the statement, or the refusal."""
+    # Taken by every enqueue of the conversation: its turns queue in commit order.
+    conversation_lock = _conversation_lock(schema, params["conversation_id"])
+    if gated:
+        yield from submit.admission_lock(
+            schema,
+            tenant_lock=None
+            if params["max_queued_tenant"] is None
+            else f"runrow.enqueue:{schema}:tenant:{params['tenant_id'] or ''}",
+            conversation_lock=conversation_lock,
+        )
+    interrupted = (yield from _interrupt(schema, params)) if on_busy == "interrupt" else None
+    gate = yield from submit.enqueue(
+        schema,
+        conversation_id=params["conversation_id"],
+        user_id=params["user_id"],
+        tenant_id=params["tenant_id"],
+        idempotency_key=params["idempotency_key"],
+        content=params["content"],
+        request=params["request"],
+        max_queued_tenant=params["max_queued_tenant"],
+        max_queued_conversation=params["max_queued_conversation"],
+        reject_if_busy=on_busy == "reject",
+        wake_channel=Channels.for_schema(schema).wake,
+        conversation_lock=conversation_lock,
+        **when,
+    )
+    if gate.run is None and not gate.admitted and params["idempotency_key"] is None:
+        yield from _refuse(schema, gate, params)
+    return gate, interrupted
+
+
+def _read_back(
+    schema: str, gate: submit.Admission, params: dict[str, Any]
+) -> Plan[submit.IdempotentRun | None]:
+    """The run this turn's key names; the refusal if it names none and the gate refused."""
+    found = yield from _find_idempotent(schema, params)
+    if found is None and not gate.admitted:
+        yield from _refuse(schema, gate, params)
+    return found
 
 
 def _conversation_lock(schema: str, conversation_id: str) -> str:
@@ -200,20 +259,10 @@ def _conversation_lock(schema: str, conversation_id: str) -> str:
     return f"runrow.enqueue:{schema}:conversation:{conversation_id}"
 
 
-async def _find_idempotent(
-    conn: AsyncConnection, schema: str, params: dict[str, Any]
-) -> submit.IdempotentRun | None:
+def _find_idempotent(schema: str, params: dict[str, Any]) -> Plan[submit.IdempotentRun | None]:
     """The run this turn's idempotency key already names (see :func:`submit.find_idempotent`)."""
-    return await submit.find_idempotent(
-        conn,
-        schema,
-        user_id=params["user_id"],
-        idempotency_key=params["idempotency_key"],
-        conversation_id=params["conversation_id"],
-        tenant_id=params["tenant_id"],
-        content=params["content"],
-        request=params["request"],
-    )
+    keys = ("user_id", "idempotency_key", "conversation_id", "tenant_id", "content", "request")
+    return submit.find_idempotent(schema, **{key: params[key] for key in keys})
 
 
 def _same_turn(found: submit.IdempotentRun, params: dict[str, Any]) -> None:
@@ -254,25 +303,23 @@ def _when(value: datetime | timedelta | None, field: str) -> tuple[datetime | No
     raise InvalidInput(field, "must be a datetime, a timedelta or None")
 
 
-async def _interrupt(conn: AsyncConnection, schema: str, params: dict[str, Any]) -> StopResult | None:
+def _interrupt(schema: str, params: dict[str, Any]) -> Plan[StopResult | None]:
     """Stops the conversation's active turns inside the enqueue's transaction."""
     if params["idempotency_key"] is not None:
-        found = await _find_idempotent(conn, schema, params)
+        found = yield from _find_idempotent(schema, params)
         if found is not None:
             _same_turn(found, params)  # a reused key stops nothing
             return None  # a repeat of an accepted interrupt: it already stopped what it stopped
-    return await stop_locked(conn, schema, params["conversation_id"])
+    return (yield from stop_locked(schema, params["conversation_id"]))
 
 
-async def _refuse(
-    conn: AsyncConnection, schema: str, gate: submit.Admission, params: dict[str, Any]
-) -> NoReturn:
+def _refuse(schema: str, gate: submit.Admission, params: dict[str, Any]) -> Plan[NoReturn]:
     """Raises the typed refusal for a gated enqueue that wrote nothing."""
     tenant_queued, conversation_queued = gate.tenant_queued, gate.conversation_queued
     if gate.busy:
         raise ConversationBusy(params["conversation_id"])
-    finished, tenant_finished, avg_run = await reads.throughput(
-        conn, schema, tenant_id=params["tenant_id"], window_seconds=THROUGHPUT_WINDOW_SECONDS, now=None
+    finished, tenant_finished, avg_run = yield from reads.throughput(
+        schema, tenant_id=params["tenant_id"], window_seconds=THROUGHPUT_WINDOW_SECONDS, now=None
     )
     tenant_limit, conversation_limit = params["max_queued_tenant"], params["max_queued_conversation"]
     if tenant_limit is not None and tenant_queued is not None and tenant_queued >= tenant_limit:
@@ -293,38 +340,56 @@ def _seconds(hint: float | None) -> int:
 
 
 async def retry_run(db: Database, run_id: uuid.UUID | str, *, schema: str = DEFAULT_SCHEMA) -> Run:
-    """Creates a new run for the same user message as a failed or cancelled run.
+    """Creates a new run for the same user message as a failed, cancelled or expired run.
 
     runrow never re-runs anything by itself (at-most-once); this is the button a person
     presses. A run is retried at most once: repeating the call returns the same retry
     (``created=False``). The retry queues behind the conversation's queued turns (like
     an enqueue, in commit order), but its answer joins the turn it retries in the
     transcript, and its agent reads the conversation up to that turn. Raises
-    :class:`RunNotFound`, :class:`InvalidInput` when the run is not failed or
-    cancelled, or :class:`RunTrimmed` (an ``InvalidInput``) when :func:`~runrow.trim`
+    :class:`RunNotFound`, :class:`InvalidInput` when the run is not failed,
+    cancelled or expired, or :class:`RunTrimmed` (an ``InvalidInput``) when :func:`~runrow.trim`
     has deleted its request snapshot: a retry never runs without it.
     """
+    return await perform(db, schema, retry_run_op(run_id, schema=schema))
+
+
+def retry_run_op(run_id: uuid.UUID | str, *, schema: str) -> Operation[Run]:
+    """:func:`retry_run` as an operation (see ``_ops.py``)."""
     check_schema(schema)
     rid = _json.parse_run_id(run_id)
-    async with schema_guard(db, schema), atomic(db) as conn:
-        new = await submit.retry(
-            conn,
-            schema,
-            run_id=rid,
-            wake_channel=Channels.for_schema(schema).wake,
-            conversation_lock_prefix=_conversation_lock(schema, ""),
-        )
-        if new is not None:
-            return Run(*new, created=True)
-        found = await submit.find_retry(conn, schema, run_id=rid)
-        if found is not None:
-            return Run(*found, created=False)
-        original = await submit.retry_source(conn, schema, run_id=rid)
+    retried: tuple[submit.RunRef | None, submit.RunRef | None, submit.RetrySource | None]
+    retried = yield in_transaction(_retry(schema, rid))
+    new, found, original = retried
+    if new is not None:
+        return Run(*new, created=True)
+    if found is not None:
+        return Run(*found, created=False)
     if original is None:
         raise RunNotFound(rid)
     status, trimmed = original
-    if status not in ("failed", "cancelled"):
-        raise InvalidInput("run_id", f"{rid} is {status}; only failed or cancelled runs can be retried")
+    if status not in ("failed", "cancelled", "expired"):
+        raise InvalidInput(
+            "run_id", f"{rid} is {status}; only failed, cancelled or expired runs can be retried"
+        )
     if trimmed:
         raise RunTrimmed(rid)
     raise RunrowError(f"run {rid} was not retried")  # pragma: no cover - retry matched it
+
+
+def _retry(
+    schema: str, rid: uuid.UUID
+) -> Plan[tuple[submit.RunRef | None, submit.RunRef | None, submit.RetrySource | None]]:
+    """The retry, else the run's earlier retry, else why it was not retried."""
+    new = yield from submit.retry(
+        schema,
+        run_id=rid,
+        wake_channel=Channels.for_schema(schema).wake,
+        conversation_lock_prefix=_conversation_lock(schema, ""),
+    )
+    if new is not None:
+        return new, None, None
+    found = yield from submit.find_retry(schema, run_id=rid)
+    if found is not None:
+        return None, found, None
+    return None, None, (yield from submit.retry_source(schema, run_id=rid))

@@ -8,11 +8,15 @@ __all__ = [
     "IdempotencyConflict",
     "InvalidInput",
     "LeaseLost",
+    "NotWaitingForInput",
     "Overloaded",
     "RunNotFound",
     "RunTrimmed",
     "RunrowError",
     "SchemaOutOfDate",
+    "StepFailed",
+    "StepMismatch",
+    "StepUncertain",
 ]
 
 
@@ -145,3 +149,66 @@ class IdempotencyConflict(RunrowError):
         self.idempotency_key = idempotency_key
         self.run_id = run_id
         self.fields = fields
+
+
+class StepUncertain(RunrowError):
+    """A retry reached a step an earlier attempt began and never recorded: its worker
+    died (or its claim was lost) while the step ran, so its side effect may or may not
+    have happened. The step is not declared idempotent, so it is not run again, and the
+    turn fails naming it. ``key`` and ``occurrence`` name the step (the n-th call with
+    that key in the turn, from 0).
+    """
+
+    def __init__(self, run_id: object, key: str, occurrence: int) -> None:
+        super().__init__(
+            f"step {key!r} (call {occurrence}) of run {run_id!s} was begun by an earlier attempt "
+            "and never recorded, so it may have run; it is not declared idempotent "
+            "(step(..., idempotent=True)), so the turn fails rather than run it twice"
+        )
+        self.run_id = run_id
+        self.key = key
+        self.occurrence = occurrence
+
+
+class StepMismatch(RunrowError):
+    """A retry called its steps in another order than the attempt it replays: the agent's
+    code between steps is not deterministic (it branched on time, randomness or a fresh
+    read instead of a step's result). Replay cannot tell which recorded result belongs to
+    which call, so the turn fails. ``position`` is the step call's place in the turn (from 0).
+    """
+
+    def __init__(self, run_id: object, position: int, called: str, recorded: str | None) -> None:
+        there = f"step {recorded!r}" if recorded is not None else "a different place"
+        super().__init__(
+            f"run {run_id!s}: step call {position} is {called!r}, but the attempt being replayed "
+            f"recorded {there} there; code between steps must be deterministic"
+        )
+        self.run_id = run_id
+        self.position = position
+        self.called = called
+        self.recorded = recorded
+
+
+class StepFailed(RunrowError):
+    """A replayed step had raised an error whose type cannot be rebuilt here (not
+    importable, or not constructible from its message). ``type`` is the original type's
+    name, and the message is the original message.
+    """
+
+    def __init__(self, key: str, type_name: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+        self.type = type_name
+
+
+class NotWaitingForInput(RunrowError):
+    """``provide_input`` found the run not waiting for that input: it waits for another
+    key, or is not waiting at all (queued, running, finished), or another value was
+    already recorded for the key. ``status`` is the run's status then.
+    """
+
+    def __init__(self, run_id: object, key: str, status: str) -> None:
+        super().__init__(f"run {run_id!s} is not waiting for input {key!r} (it is {status})")
+        self.run_id = run_id
+        self.key = key
+        self.status = status

@@ -5,7 +5,8 @@ letter, then ASCII letters, digits, ``_``, ``.``, ``:`` or ``-``, at most 64 cha
 (``emit`` raises :class:`InvalidInput` for any other).
 
 * ``user_message_created`` ``{"message_id"}`` — seq 1, written by enqueue.
-* ``run_queued`` ``{"run_id"}`` (``retry_of`` for a retry) — seq 2, written by enqueue.
+* ``run_queued`` ``{"run_id"}`` (``retry_of`` for a retry; ``attempt`` too for an
+  automatic one) — seq 2, written by enqueue.
 * ``content_delta`` ``{"delta": str, "stream"?: str}`` — streamed text. Consecutive
   deltas with the same other keys are merged in memory and flushed on a clock.
 * ``tool_call_started`` ``{"tool_call_id": str|int, "name": str, ...}`` and
@@ -15,6 +16,11 @@ letter, then ASCII letters, digits, ``_``, ``.``, ``:`` or ``-``, at most 64 cha
   without its worker lists every started id with no matching finished one as
   uncertain. Emit ``tool_call_started`` before the side effect and
   ``tool_call_finished`` after it, so the list is honest.
+* ``input_requested`` ``{"key", "request", "expires_at"}`` — the run paused to wait for a
+  person's input (``RunContext.wait_for_input``): ``request`` is what the agent asked
+  with, ``expires_at`` when the wait ends if no input comes (null: never). The run is
+  ``waiting`` until ``input_provided`` ``{"key", "value"}`` (written by
+  ``provide_input``), then runs on with the next seq. Only runrow writes either.
 * anything else the agent emits (``message_done``, ...) is structural too: it flushes
   pending text and is written at once.
 * ``complete`` ``{"status", "error"?, "reason"?, "uncertain_tool_calls"?}`` — the one
@@ -22,9 +28,11 @@ letter, then ASCII letters, digits, ``_``, ``.``, ``:`` or ``-``, at most 64 cha
   or a stop). ``reason``: ``stopped`` (a stop or interrupt ended it while running),
   ``stopped_before_start`` (cancelled while queued), ``deadline_exceeded`` (its worker
   ended it at its deadline, or the reaper did, its worker alive or not), ``worker_lost``
-  (the reaper ended it after its lease lapsed). A reaper-written event always carries
+  (the reaper ended it after its lease lapsed), ``input_expired`` (it waited for input
+  past the wait's timeout: status ``expired``). A reaper-written event always carries
   ``uncertain_tool_calls``: ``[{"tool_call_id", "name"}, ...]`` in start order, the tool
-  calls whose side effects may or may not have happened (``[]`` when none).
+  calls whose side effects may or may not have happened (``[]`` when none, and always
+  for a run that waited for input: it parked on purpose, cut in no call).
 
 Seq is gap-free from 1: enqueue writes 1-2, the claim holder the rest, and a finaliser
 that is not the worker (reaper, stop) takes max+1 only after the status change has
@@ -44,6 +52,8 @@ from ._errors import InvalidInput
 __all__ = [
     "CONTENT_DELTA",
     "ENDING_REASONS",
+    "INPUT_PROVIDED",
+    "INPUT_REQUESTED",
     "KEEPALIVE",
     "RUN_QUEUED",
     "TERMINAL_EVENT",
@@ -63,8 +73,10 @@ CONTENT_DELTA = "content_delta"
 TOOL_CALL_STARTED = "tool_call_started"
 TOOL_CALL_FINISHED = "tool_call_finished"
 TERMINAL_EVENT = "complete"
+INPUT_REQUESTED = "input_requested"
+INPUT_PROVIDED = "input_provided"
 KEEPALIVE = "keepalive"  # never stored: a tail's idle marker
-ENDING_REASONS = ("stopped", "stopped_before_start", "deadline_exceeded", "worker_lost")
+ENDING_REASONS = ("stopped", "stopped_before_start", "deadline_exceeded", "worker_lost", "input_expired")
 """The terminal event's ``reason`` values (see the list above)."""
 DEFAULT_MAX_EVENT_BYTES = 256 * 1024
 MAX_EVENT_TYPE_LENGTH = 64
@@ -111,7 +123,7 @@ def validate_event(event: Mapping[str, Any], max_bytes: int) -> tuple[str, dict[
             f"type {etype[:MAX_EVENT_TYPE_LENGTH]!r} must be an identifier: an ASCII letter, then "
             f"ASCII letters, digits, '_', '.', ':' or '-', at most {MAX_EVENT_TYPE_LENGTH} characters",
         )
-    if etype in (TERMINAL_EVENT, KEEPALIVE):
+    if etype in (TERMINAL_EVENT, KEEPALIVE, INPUT_REQUESTED, INPUT_PROVIDED):
         raise InvalidInput("event", f"type {etype!r} is reserved for runrow")
     payload = {k: v for k, v in event.items() if k != "type"}
     if etype == CONTENT_DELTA:

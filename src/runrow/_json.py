@@ -85,3 +85,15 @@ def parse_run_id(run_id: uuid.UUID | str) -> uuid.UUID:
         return uuid.UUID(str(run_id))
     except ValueError:
         raise RunNotFound(run_id) from None
+
+
+def error_of(exc: BaseException, max_chars: int = 2000) -> dict[str, str]:
+    """An exception as a storable record: its type's name and its message, cut to
+    ``max_chars`` and made storable whatever it holds (jsonb refuses NUL; UTF-8 refuses
+    lone surrogates; an ``__str__`` may itself fail)."""
+    try:
+        message = str(exc)[:max_chars]
+    except Exception:
+        message = f"<{type(exc).__name__} with an unprintable message>"
+    message = message.replace("\x00", "\ufffd").encode("utf-8", "replace").decode("utf-8")
+    return {"type": type(exc).__name__, "message": message}

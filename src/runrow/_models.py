@@ -9,8 +9,8 @@ if TYPE_CHECKING:
     import uuid
     from datetime import datetime
 
-RunStatus = Literal["queued", "running", "completed", "failed", "cancelled"]
-TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
+RunStatus = Literal["queued", "running", "waiting", "completed", "failed", "cancelled", "expired"]
+TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled", "expired"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +53,14 @@ class RunInfo:
     priority: int = 0
     not_before: datetime | None = None
     deadline_at: datetime | None = None
+    attempt: int = 1
+    """Which attempt of its turn this run is: 1, then one more per retry."""
+    lineage_id: uuid.UUID | None = None
+    """The turn's first run, on a retry (None on the first attempt); steps replay across it."""
+    resumes: int = 0
+    """How many times input resumed the run after it waited (see ``wait_for_input``)."""
+    input_deadline_at: datetime | None = None
+    """While the run is ``waiting``: when its wait ends if no input comes (None: never)."""
 
     @property
     def terminal(self) -> bool:
@@ -83,7 +91,8 @@ class Draft:
 
 @dataclass(frozen=True, slots=True)
 class StopResult:
-    """What a stop did: queued turns cancelled (their drafts), running turns asked to stop.
+    """What a stop did: queued and waiting turns cancelled (the queued ones' drafts),
+    running turns asked to stop.
 
     ``noop`` is True when there was nothing active to stop (already finished)."""
 

@@ -3,29 +3,36 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, get_args
 
 from . import _json
-from ._db import Database, schema_guard, statement_conn
+from ._db import Database, perform, schema_guard, statement_conn
 from ._errors import InvalidInput, RunNotFound
 from ._gateway import reads
 from ._json import parse_run_id
+from ._models import RunStatus
 from ._names import DEFAULT_SCHEMA, check_schema
+from ._ops import self_contained
 
 if TYPE_CHECKING:
     import uuid
 
     from ._models import Message, RunInfo
+    from ._ops import Operation
 
-__all__ = ["QueueStats", "get_run", "list_runs", "queue_stats", "transcript"]
+__all__ = ["QueueStats", "get_run", "get_run_op", "list_runs", "queue_stats", "transcript"]
 
 
 async def get_run(db: Database, run_id: uuid.UUID | str, *, schema: str = DEFAULT_SCHEMA) -> RunInfo:
     """The run's current row; :class:`RunNotFound` if there is none."""
+    return await perform(db, schema, get_run_op(run_id, schema=schema))
+
+
+def get_run_op(run_id: uuid.UUID | str, *, schema: str) -> Operation[RunInfo]:
+    """:func:`get_run` as an operation (see ``_ops.py``)."""
     check_schema(schema)
     rid = parse_run_id(run_id)
-    async with schema_guard(db, schema), statement_conn(db) as conn:
-        run = await reads.get_run(conn, schema, run_id=rid)
+    run: RunInfo | None = yield self_contained(reads.get_run(schema, run_id=rid))
     if run is None:
         raise RunNotFound(rid)
     return run
@@ -42,7 +49,7 @@ async def list_runs(
     """Runs, newest first, optionally of one conversation and/or one status."""
     check_schema(schema)
     _json.check_id(conversation_id, "conversation_id", optional=True)
-    if status is not None and status not in ("queued", "running", "completed", "failed", "cancelled"):
+    if status is not None and status not in get_args(RunStatus):
         raise InvalidInput("status", f"unknown status {status!r}")
     if not 1 <= limit <= 10_000:
         raise InvalidInput("limit", "must be between 1 and 10000")

@@ -5,22 +5,23 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from . import _json
-from ._db import Database, atomic, schema_guard
+from ._db import Database, perform
 from ._errors import RunNotFound
 from ._gateway import stop as _gw
 from ._json import parse_run_id
 from ._models import StopResult
 from ._names import DEFAULT_SCHEMA, Channels, check_schema
+from ._ops import in_transaction
 
 if TYPE_CHECKING:
     import uuid
 
-    from psycopg import AsyncConnection
-
+    from ._gateway._exec import Plan
     from ._gateway.stop import LockedRun
     from ._models import Draft
+    from ._ops import Operation
 
-__all__ = ["cancel_run", "stop_conversation"]
+__all__ = ["cancel_run", "cancel_run_op", "stop_conversation", "stop_conversation_op"]
 
 
 async def stop_conversation(
@@ -28,49 +29,76 @@ async def stop_conversation(
 ) -> StopResult:
     """Stops every active turn of a conversation, in one transaction.
 
-    All of the conversation's queued and running runs are locked together. Queued
-    turns are cancelled at once (their user messages become drafts, returned for the
-    composer, and each gets its terminal event); the running turn gets its durable
+    All of the conversation's queued, running and waiting runs are locked together.
+    Queued turns are cancelled at once (their user messages become drafts, returned for
+    the composer, and each gets its terminal event), and so is a turn waiting for input
+    (no draft: it had started); the running turn gets its durable
     ``cancel_requested`` flag and a NOTIFY on the cancel channel, and its worker ends
     it ``cancelled``. Because the sweep and the flag commit together, a turn that
     finishes meanwhile finds nothing left to start. Nothing active: ``noop`` is True.
     """
+    return await perform(db, schema, stop_conversation_op(conversation_id, schema=schema))
+
+
+def stop_conversation_op(conversation_id: str, *, schema: str) -> Operation[StopResult]:
+    """:func:`stop_conversation` as an operation (see ``_ops.py``)."""
     check_schema(schema)
     _json.check_id(conversation_id, "conversation_id")
-    async with schema_guard(db, schema), atomic(db) as conn:
-        return await stop_locked(conn, schema, conversation_id)
+    result: StopResult = yield in_transaction(stop_locked(schema, conversation_id))
+    return result
 
 
-async def stop_locked(conn: AsyncConnection, schema: str, conversation_id: str) -> StopResult:
-    """The stop sweep on a connection already inside a transaction (stop, interrupt)."""
-    runs = await _gw.lock_conversation_runs(conn, schema, conversation_id=conversation_id)
-    return await _stop(conn, schema, runs)
+def stop_locked(schema: str, conversation_id: str) -> Plan[StopResult]:
+    """The stop sweep, in a transaction (stop, interrupt)."""
+    yield from _gw.lock_conversation_runs(schema, conversation_id=conversation_id)
+    # Once more, in a new snapshot: a run that ended while the first sweep waited for its
+    # lock may have queued its automatic retry in the same commit, unseen by that sweep.
+    # (A run still running is locked now: its ending waits for this stop, sees the
+    # stop's flag and queues no retry.)
+    runs = yield from _gw.lock_conversation_runs(schema, conversation_id=conversation_id)
+    return (yield from _stop(schema, runs))
 
 
 async def cancel_run(db: Database, run_id: uuid.UUID | str, *, schema: str = DEFAULT_SCHEMA) -> StopResult:
     """Stops one run: a queued run is cancelled at once (its message returned as a draft),
-    a running one is asked to stop (flag + NOTIFY). A finished run is left as it is
+    and so is a run waiting for input; a running one is asked to stop (flag + NOTIFY).
+    A finished run is left as it is
     (``noop`` is True). Raises :class:`RunNotFound` for an unknown id."""
+    return await perform(db, schema, cancel_run_op(run_id, schema=schema))
+
+
+def cancel_run_op(run_id: uuid.UUID | str, *, schema: str) -> Operation[StopResult]:
+    """:func:`cancel_run` as an operation (see ``_ops.py``)."""
     check_schema(schema)
-    rid = parse_run_id(run_id)
-    async with schema_guard(db, schema), atomic(db) as conn:
-        run = await _gw.lock_run(conn, schema, run_id=rid)
-        if run is None:
-            raise RunNotFound(rid)
-        return await _stop(conn, schema, [run])
+    result: StopResult = yield in_transaction(_cancel(schema, parse_run_id(run_id)))
+    return result
 
 
-async def _stop(conn: AsyncConnection, schema: str, runs: list[LockedRun]) -> StopResult:
-    """Cancels the queued runs among ``runs`` and flags the running ones (all locked)."""
+def _cancel(schema: str, rid: uuid.UUID) -> Plan[StopResult]:
+    """Locks one run and stops it; :class:`RunNotFound` if there is none."""
+    run = yield from _gw.lock_run(schema, run_id=rid)
+    if run is None:
+        raise RunNotFound(rid)
+    return (yield from _stop(schema, [run]))
+
+
+def _stop(schema: str, runs: list[LockedRun]) -> Plan[StopResult]:
+    """Cancels the queued and waiting runs among ``runs`` and flags the running ones (all
+    locked)."""
     channels = Channels.for_schema(schema)
-    queued = [rid for rid, status in runs if status == "queued"]
-    running = [rid for rid, status in runs if status == "running"]
+    queued = [r.id for r in runs if r.status == "queued" and not r.resumed]
+    running = [r.id for r in runs if r.status == "running"]
+    paused = [r.id for r in runs if r.status == "waiting" or (r.status == "queued" and r.resumed)]
     drafts: list[Draft] = []
     flagged: list[uuid.UUID] = []
+    ended: list[uuid.UUID] = []
     if queued:
-        drafts = await _gw.cancel_queued(conn, schema, ids=queued, events_prefix=channels.events_prefix)
+        drafts = yield from _gw.cancel_queued(schema, ids=queued, events_prefix=channels.events_prefix)
+    if paused:
+        ended = yield from _gw.cancel_paused(schema, ids=paused, channels=channels)
     if running:
-        flagged = await _gw.request_cancel(conn, schema, ids=running, cancel_channel=channels.cancel)
-    order = {rid: i for i, (rid, _) in enumerate(runs)}
+        flagged = yield from _gw.request_cancel(schema, ids=running, cancel_channel=channels.cancel)
+    order = {r.id: i for i, r in enumerate(runs)}
     drafts.sort(key=lambda d: order[d.run_id])
-    return StopResult(cancelled=[d.run_id for d in drafts], cancel_requested=flagged, drafts=drafts)
+    cancelled = sorted([d.run_id for d in drafts] + ended, key=order.__getitem__)
+    return StopResult(cancelled=cancelled, cancel_requested=flagged, drafts=drafts)

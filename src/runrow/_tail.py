@@ -16,7 +16,7 @@ from ._db import Database, describe, schema_guard, statement_conn
 from ._errors import InvalidInput, RunNotFound
 from ._events import KEEPALIVE, TERMINAL_EVENT, Event
 from ._gateway import tail as _gw
-from ._gateway._exec import configure_own
+from ._gateway._exec import configure_own, run
 from ._json import parse_run_id
 from ._models import TERMINAL
 from ._names import DEFAULT_SCHEMA, Channels, check_schema
@@ -25,9 +25,10 @@ if TYPE_CHECKING:
     import uuid
     from collections.abc import AsyncIterator
 
+    from ._gateway._exec import Plan
     from ._hub import NotifyHub
 
-__all__ = ["tail"]
+__all__ = ["check_tail", "read_plan", "settle", "tail"]
 
 log = logging.getLogger("runrow.journal")
 
@@ -61,12 +62,7 @@ async def tail(
     ``prepared_statements=False`` is for a conninfo that points at a
     transaction-pooling pgbouncer.
     """
-    check_schema(schema)
-    rid = parse_run_id(run_id)
-    if not isinstance(from_seq, int) or isinstance(from_seq, bool) or from_seq < 0:
-        raise InvalidInput("from_seq", "must be a non-negative integer")
-    if keepalive <= 0 or poll <= 0:
-        raise InvalidInput("keepalive", "keepalive and poll must be positive")
+    rid = check_tail(run_id, from_seq=from_seq, keepalive=keepalive, poll=poll, schema=schema)
     cursor = from_seq
     async with AsyncExitStack() as stack:
         own = isinstance(db, str)  # then the tail keeps one connection of its own
@@ -125,24 +121,9 @@ async def tail(
                 idle_since = anyio.current_time()
                 if len(rows) == batch:
                     continue
-            elif state is not None and state.last_seq is not None and cursor > state.last_seq:
-                # Seq is gap-free and a tail yields only committed events: this cursor is
-                # not from this run's stream. Waiting would skip the events up to it
-                # silently, or end with nothing; the client should resume from its last
-                # seq (or 0) instead.
-                raise InvalidInput(
-                    "from_seq",
-                    f"{cursor} is past the end of run {rid}'s journal (its last seq is {state.last_seq})",
-                )
-            elif state is not None and state.status in TERMINAL:
-                if state.journaled_end:
-                    return  # resumed past the journaled ending: nothing is left to send
-                # Terminal without a journaled ending (e.g. a trimmed journal): say so.
-                yield Event(
-                    cursor + 1,
-                    TERMINAL_EVENT,
-                    {"status": state.status, "error": state.error, "synthesized": True},
-                )
+            elif state is not None and (ending := settle(state, cursor, rid)) is not None:
+                for event in ending:
+                    yield event
                 return
             now = anyio.current_time()
             if now - idle_since >= keepalive:
@@ -181,16 +162,58 @@ async def _read(
     else:
         source = db
     async with statement_conn(source) as conn:
-        rows = await _gw.read_events(conn, schema, run_id=rid, after=cursor, limit=batch)
-        if rows:
-            return rows, None
-        state = await _gw.run_terminal_state(conn, schema, run_id=rid)
-        if state is None:
-            raise RunNotFound(rid)
-        if state.status in TERMINAL:
-            # The ending commits the status with its event: read once more.
-            rows = await _gw.read_events(conn, schema, run_id=rid, after=cursor, limit=batch)
-        return rows, state
+        return await run(conn, read_plan(schema, rid, cursor, batch))
+
+
+def check_tail(
+    run_id: uuid.UUID | str, *, from_seq: int, keepalive: float, poll: float, schema: str
+) -> uuid.UUID:
+    """The checks of a tail's arguments (async and sync); the run's id."""
+    check_schema(schema)
+    rid = parse_run_id(run_id)
+    if not isinstance(from_seq, int) or isinstance(from_seq, bool) or from_seq < 0:
+        raise InvalidInput("from_seq", "must be a non-negative integer")
+    if keepalive <= 0 or poll <= 0:
+        raise InvalidInput("keepalive", "keepalive and poll must be positive")
+    return rid
+
+
+def read_plan(
+    schema: str, rid: uuid.UUID, cursor: int, batch: int
+) -> Plan[tuple[list[Event], _gw.RunEnd | None]]:
+    """Events after ``cursor``; when there are none, the run's ending as well."""
+    rows = yield from _gw.read_events(schema, run_id=rid, after=cursor, limit=batch)
+    if rows:
+        return rows, None
+    state = yield from _gw.run_terminal_state(schema, run_id=rid)
+    if state is None:
+        raise RunNotFound(rid)
+    if state.status in TERMINAL:
+        # The ending commits the status with its event: read once more.
+        rows = yield from _gw.read_events(schema, run_id=rid, after=cursor, limit=batch)
+    return rows, state
+
+
+def settle(state: _gw.RunEnd, cursor: int, rid: uuid.UUID) -> list[Event] | None:
+    """After a read that found nothing past ``cursor``: None to keep waiting, or the
+    tail's last events (none, or a synthesised ending) before it ends."""
+    if state.last_seq is not None and cursor > state.last_seq:
+        # Seq is gap-free and a tail yields only committed events: this cursor is
+        # not from this run's stream. Waiting would skip the events up to it
+        # silently, or end with nothing; the client should resume from its last
+        # seq (or 0) instead.
+        raise InvalidInput(
+            "from_seq",
+            f"{cursor} is past the end of run {rid}'s journal (its last seq is {state.last_seq})",
+        )
+    if state.status not in TERMINAL:
+        return None
+    if state.journaled_end:
+        return []  # resumed past the journaled ending: nothing is left to send
+    # Terminal without a journaled ending (e.g. a trimmed journal): say so.
+    return [
+        Event(cursor + 1, TERMINAL_EVENT, {"status": state.status, "error": state.error, "synthesized": True})
+    ]
 
 
 async def _close_all(conn_box: list[AsyncConnection]) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from . import _json
-from ._db import Database, atomic, schema_guard, statement_conn
+from ._db import Database, atomic, perform, schema_guard, statement_conn
 from ._enqueue import THROUGHPUT_WINDOW_SECONDS
 from ._errors import InvalidInput, RunNotFound
 from ._gateway import reads
@@ -30,12 +30,16 @@ from ._gateway import tenants as _gw
 from ._json import parse_run_id
 from ._models import QueuePosition, TenantPolicy
 from ._names import DEFAULT_SCHEMA, check_schema
+from ._ops import self_contained
 
 if TYPE_CHECKING:
     import uuid
     from datetime import datetime
 
-__all__ = ["queue_position", "set_tenant_policy", "tenant_policies"]
+    from ._gateway._exec import Plan
+    from ._ops import Operation
+
+__all__ = ["queue_position", "queue_position_op", "set_tenant_policy", "tenant_policies"]
 
 # queue_position's walks stop after this many index entries (then it estimates), and each
 # other tenant's queue is walked at least _MIN_WALK entries deep.
@@ -104,17 +108,17 @@ async def queue_position(
     then say "about". With one tenant and one priority the estimate is within a few
     percent; with many priorities it is a lower bound.
     """
+    return await perform(db, schema, queue_position_op(run_id, now=now, schema=schema))
+
+
+def queue_position_op(
+    run_id: uuid.UUID | str, *, now: datetime | None, schema: str
+) -> Operation[QueuePosition]:
+    """:func:`queue_position` as an operation (see ``_ops.py``)."""
     check_schema(schema)
     rid = parse_run_id(run_id)
-    async with schema_guard(db, schema), statement_conn(db) as conn:
-        spot = await _gw.queue_position(
-            conn, schema, run_id=rid, now=now, cap=_POSITION_COUNT_LIMIT, min_walk=_MIN_WALK
-        )
-        if spot is None:
-            raise RunNotFound(rid)
-        recent = await reads.throughput(
-            conn, schema, tenant_id=None, window_seconds=THROUGHPUT_WINDOW_SECONDS, now=now
-        )
+    found: tuple[_gw.QueueSpot, reads.Throughput] = yield self_contained(_position(schema, rid, now))
+    spot, recent = found
     per_second = recent.finished / THROUGHPUT_WINDOW_SECONDS
     wait: float | None = None
     if spot.position is not None and per_second > 0:
@@ -130,3 +134,18 @@ async def queue_position(
         throughput_per_minute=per_second * 60,
         exact=spot.exact,
     )
+
+
+def _position(
+    schema: str, rid: uuid.UUID, now: datetime | None
+) -> Plan[tuple[_gw.QueueSpot, reads.Throughput]]:
+    """The run's spot in the fair order, and the recent throughput; :class:`RunNotFound`."""
+    spot = yield from _gw.queue_position(
+        schema, run_id=rid, now=now, cap=_POSITION_COUNT_LIMIT, min_walk=_MIN_WALK
+    )
+    if spot is None:
+        raise RunNotFound(rid)
+    recent = yield from reads.throughput(
+        schema, tenant_id=None, window_seconds=THROUGHPUT_WINDOW_SECONDS, now=now
+    )
+    return spot, recent

@@ -24,6 +24,7 @@ from ._cli_support import (
     describe_connect_error,
     run_id_arg,
     wait_for_database,
+    web,
 )
 from ._errors import RunrowError
 
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     import argparse
     from collections.abc import Callable, Coroutine, Sequence
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "run_command"]
 
 log = logging.getLogger("runrow.cli")
 
@@ -99,6 +100,7 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
 
 async def cmd_worker(args: argparse.Namespace) -> int:
     from ._engine.dispatcher import Dispatcher
+    from ._retry import RetryPolicy
 
     agent = load_agent(args.agent)
     url = _database_url(args)
@@ -124,6 +126,10 @@ async def cmd_worker(args: argparse.Namespace) -> int:
             notifications=not args.no_notify,
             prepared_statements=not args.no_prepared_statements,
             listen_conninfo=args.listen_database_url,
+            log_error_messages=args.log_error_messages,
+            retry=None
+            if args.retry_attempts <= 1
+            else RetryPolicy(max_attempts=args.retry_attempts, backoff=args.retry_backoff_seconds),
         )
         async with dispatcher:
             say(
@@ -156,7 +162,8 @@ async def cmd_worker(args: argparse.Namespace) -> int:
 
 def _run_line(r: Any) -> str:
     err = f"  {r.error.get('type')}: {r.error.get('message', '')}" if r.error else ""
-    return f"{r.id}  {r.status:<9}  {r.conversation_id}  {r.created_at:%Y-%m-%d %H:%M:%S}{err}"
+    attempt = f"  attempt {r.attempt}" if r.attempt > 1 else ""
+    return f"{r.id}  {r.status:<9}  {r.conversation_id}  {r.created_at:%Y-%m-%d %H:%M:%S}{attempt}{err}"
 
 
 async def cmd_runs(args: argparse.Namespace) -> int:
@@ -166,8 +173,10 @@ async def cmd_runs(args: argparse.Namespace) -> int:
     from ._tail import tail
 
     url = _database_url(args)
-    if args.runs_command != "list":
+    if args.runs_command not in ("list", "waiting"):
         args.run_id = run_id_arg(args.run_id)
+    if args.runs_command in ("waiting", "input"):
+        return await _inputs(args, url)
     if args.runs_command == "list":
         runs = await list_runs(
             url, conversation_id=args.conversation, status=args.status, limit=args.limit, schema=args.schema
@@ -193,7 +202,8 @@ async def cmd_runs(args: argparse.Namespace) -> int:
         text = (
             "nothing to do: the run had already finished"
             if result.noop
-            else f"cancelled {len(result.cancelled)} queued, asked {len(result.cancel_requested)} running to stop"
+            else f"cancelled {len(result.cancelled)} queued or waiting, "
+            f"asked {len(result.cancel_requested)} running to stop"
         )
         _out(args, result, text)
     elif args.runs_command == "position":
@@ -220,6 +230,34 @@ async def cmd_runs(args: argparse.Namespace) -> int:
             retried,
             f"{'created' if retried.created else 'already retried as'} run {retried.id} ({retried.status})",
         )
+    return 0
+
+
+async def _inputs(args: argparse.Namespace, url: str) -> int:
+    """`runrow runs waiting` and `runrow runs input RUN_ID KEY VALUE`."""
+    from ._inputs import provide_input, waiting_inputs
+
+    if args.runs_command == "waiting":
+        pending = await waiting_inputs(
+            url, conversation_id=args.conversation, limit=args.limit, schema=args.schema
+        )
+        lines = [
+            f"{p.run_id}  {p.conversation_id}  {p.key}  since {p.since:%Y-%m-%d %H:%M:%S}"
+            f"{'' if p.expires_at is None else f'  until {p.expires_at:%Y-%m-%d %H:%M:%S}'}  "
+            f"{json.dumps(p.request)[:120]}"
+            for p in pending
+        ]
+        _out(args, [p._asdict() for p in pending], "\n".join(lines) or "(no run is waiting for input)")
+        return 0
+    try:
+        value = json.loads(args.value)
+    except ValueError:
+        raise RunrowError(
+            f"value: {args.value!r} is not JSON; quote text as JSON ('\"yes\"') or pass true, 42, {{...}}"
+        ) from None
+    recorded = await provide_input(url, args.run_id, args.key, value, schema=args.schema)
+    text = "recorded; the run is queued to resume" if recorded else "already recorded (nothing changed)"
+    _out(args, {"run_id": args.run_id, "key": args.key, "recorded": recorded}, text)
     return 0
 
 
@@ -323,11 +361,20 @@ def _demo(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``runrow`` console script."""
-    args = build_parser().parse_args(argv)
+    return run_command(build_parser().parse_args(argv))
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Runs one parsed ``runrow`` command and returns its exit status.
+
+    ``main`` after parsing; also the path of the Django app's ``runrow_worker`` and
+    ``runrow_migrate`` commands (``runrow.contrib.django``), which build ``args`` from
+    Django's options and database settings.
+    """
     configure_logging(verbose=getattr(args, "verbose", False), json_lines=getattr(args, "json", False))
     try:
-        if args.command == "demo":  # runs its own event loop; the database starts first
-            return _demo(args)
+        if args.command in ("demo", "web"):  # each runs its own event loop (demo: the database first)
+            return _demo(args) if args.command == "demo" else web(args, _database_url(args), say=print)
         return anyio.run(COMMANDS[args.command], args, backend="asyncio")
     except DatabaseUnreachable as exc:
         print(f"runrow: {exc}", file=sys.stderr)

@@ -98,6 +98,12 @@ class PrometheusObserver(Observer):
         )
         self.runs_claimed = Counter("runrow_runs_claimed", "Runs claimed by this process", registry=reg)
         self.runs_started = Counter("runrow_runs_started", "Agent calls started", registry=reg)
+        self.retries_started = Counter(
+            "runrow_retries_started",
+            "Agent calls started for a retry (attempt 2 or later), by attempt",
+            ["attempt"],
+            registry=reg,
+        )
         self.queue_wait_seconds = Histogram(
             "runrow_queue_wait_seconds", "Time from enqueue to claim", buckets=SLOW_BUCKETS, registry=reg
         )
@@ -142,6 +148,8 @@ class PrometheusObserver(Observer):
 
     def run_started(self, run: RunContext, *, queue_wait: float) -> None:
         self.runs_started.inc()
+        if run.attempt > 1:  # (attempts past 5 share a label: the label set stays small)
+            self.retries_started.labels(attempt=str(run.attempt) if run.attempt <= 5 else "6+").inc()
         self.queue_wait_seconds.observe(max(0.0, queue_wait))
 
     def first_event(self, run: RunContext, *, seconds: float) -> None:
@@ -170,7 +178,7 @@ class QueueCollector(Collector):
 
     ``db`` is a pool (recommended) or a conninfo string. Run the refresher while the
     process serves, as ``async with collector:`` or ``tg.start_soon(collector.run)``;
-    each refresh is one read of the live (queued and running) rows, bounded by
+    each refresh is one read of the live (queued, running, waiting) rows, bounded by
     ``timeout`` on the server (``statement_timeout``, local to its transaction) and on
     the client. A scrape only reads the cache, so it never touches the database and
     never blocks the event loop. If refreshes fail, the last good values stay and
@@ -184,6 +192,7 @@ class QueueCollector(Collector):
     ================================  =====  ============================================
     ``runrow_queue_depth``            gauge  queued runs, by ``tenant`` (``""``: none)
     ``runrow_runs_running``           gauge  running runs, by ``tenant``
+    ``runrow_runs_waiting``           gauge  runs waiting for input, by ``tenant``
     ``runrow_oldest_queued_seconds``  gauge  age of the oldest queued run, by ``tenant``
     ``runrow_queue_stats_age_seconds``gauge  seconds since the last successful refresh
     ``runrow_queue_stats_errors``     count  refreshes that failed or timed out
@@ -213,8 +222,8 @@ class QueueCollector(Collector):
         self.hubs: list[NotifyHub] = [h for h in hubs if h is not None]
         self.errors = 0
         self.refreshes = 0
-        # (refreshed at (monotonic), {tenant: (queued, running, oldest queued seconds or nan)})
-        self._cache: tuple[float, dict[str, tuple[int, int, float]]] | None = None
+        # (refreshed at (monotonic), {tenant: (queued, running, waiting, oldest queued seconds or nan)})
+        self._cache: tuple[float, dict[str, tuple[int, int, int, float]]] | None = None
         self._seen: set[str] = set()
         self._tg: TaskGroup | None = None
         if register:
@@ -233,14 +242,16 @@ class QueueCollector(Collector):
             async with atomic(self.db) as conn:
                 await _gw.bound_statement_timeout(conn, self.schema, timeout_ms=timeout_ms)
                 rows = await _gw.queue_depth_by_tenant(conn, self.schema)
-        found: dict[str, tuple[int, int, float]] = {}
+        found: dict[str, tuple[int, int, int, float]] = {}
         for row in rows:
-            queued, running, age = found.get(row.tenant, (0, 0, math.nan))
+            queued, running, waiting, age = found.get(row.tenant, (0, 0, 0, math.nan))
             if row.status == "queued":
                 queued, age = row.runs, row.oldest_seconds
+            elif row.status == "waiting":
+                waiting = row.runs
             else:
                 running = row.runs
-            found[row.tenant] = (queued, running, age)
+            found[row.tenant] = (queued, running, waiting, age)
         self._cache = (time.monotonic(), found)
         self._seen |= found.keys()
         self.refreshes += 1
@@ -286,9 +297,12 @@ class QueueCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         return self._families(self._cache)
 
-    def _families(self, cache: tuple[float, dict[str, tuple[int, int, float]]] | None) -> list[Metric]:
+    def _families(self, cache: tuple[float, dict[str, tuple[int, int, int, float]]] | None) -> list[Metric]:
         depth = GaugeMetricFamily("runrow_queue_depth", "Queued runs, by tenant", labels=["tenant"])
         running = GaugeMetricFamily("runrow_runs_running", "Running runs, by tenant", labels=["tenant"])
+        waiting = GaugeMetricFamily(
+            "runrow_runs_waiting", "Runs waiting for a person's input, by tenant", labels=["tenant"]
+        )
         oldest = GaugeMetricFamily(
             "runrow_oldest_queued_seconds", "Age of the oldest queued run, by tenant", labels=["tenant"]
         )
@@ -302,7 +316,7 @@ class QueueCollector(Collector):
             "runrow_hub_reconnects", "NotifyHub reconnects after a lost LISTEN connection"
         )
         connected = GaugeMetricFamily("runrow_hub_connected", "NotifyHubs whose LISTEN connection is up")
-        families: list[Metric] = [depth, running, oldest, age, errors, reconnects, connected]
+        families: list[Metric] = [depth, running, waiting, oldest, age, errors, reconnects, connected]
         errors.add_metric([], self.errors)
         reconnects.add_metric([], sum(h.reconnects for h in self.hubs))
         connected.add_metric([], sum(1 for h in self.hubs if h.connected))
@@ -312,9 +326,10 @@ class QueueCollector(Collector):
         at, found = cache
         age.add_metric([], time.monotonic() - at)
         for tenant in sorted(self._seen):
-            q, r, a = found.get(tenant, (0, 0, math.nan))
+            q, r, w, a = found.get(tenant, (0, 0, 0, math.nan))
             depth.add_metric([tenant], q)
             running.add_metric([tenant], r)
+            waiting.add_metric([tenant], w)
             if q:
                 oldest.add_metric([tenant], a)
         return families

@@ -1,7 +1,8 @@
 """The chaos runner's test agent, run by worker processes as ``tests.chaos.agent:agent``.
 
 A run's ``request`` says what to do: ``steps`` (each streams two deltas, performs a
-side effect keyed by (run_id, step) and journals a ``step_done`` event), ``delay``
+side effect keyed by (run_id, step) and journals a ``step_done`` event; with ``durable``,
+the effect is a durable step keyed by the turn, which a retry replays), ``delay``
 between steps, ``message`` (write the answer to the transcript), and optionally a
 ``hook`` with a ``fault`` id. At a hook point the agent announces itself by writing
 ``<CHAOS_HOOK_DIR>/<fault>.json`` (its pid, worker id and run id), then waits up to
@@ -30,7 +31,7 @@ import psycopg
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from tests.chaos.schema import record_side_effect
+from tests.chaos.schema import record_side_effect, record_step_effect
 
 if TYPE_CHECKING:
     from runrow import RunContext
@@ -74,6 +75,22 @@ async def side_effect(run: RunContext, step: int, execution: uuid.UUID) -> None:
                 await anyio.sleep(0.2)
 
 
+async def step_effect(run: RunContext, step: int) -> int:
+    """A durable step's effect (``durable`` runs call it through ``run.step``): counted per
+    turn, so a step that a retry ran again instead of replaying would show."""
+    pool = await _side_pool()
+    schema = os.environ.get("CHAOS_SCHEMA", "chaos")
+    execution = uuid.uuid4()
+    with anyio.fail_after(SIDE_EFFECT_BUDGET):
+        while True:
+            try:
+                async with pool.connection() as conn:
+                    await record_step_effect(conn, schema, run.user_message_id, step, execution, run.run_id)
+                return step
+            except (psycopg.OperationalError, PoolTimeout):
+                await anyio.sleep(0.2)
+
+
 async def _hook(run: RunContext, request: dict[str, Any], point: str) -> None:
     if request.get("hook") != point or not request.get("fault"):
         return
@@ -96,7 +113,10 @@ async def agent(run: RunContext) -> None:
     for step in range(steps):
         await run.text(f"step {step}: ")
         await run.text(f"token-{step} ")
-        await side_effect(run, step, execution)
+        if request.get("durable"):
+            await run.step(f"effect-{step}", step_effect, run, step)
+        else:
+            await side_effect(run, step, execution)
         await run.emit({"type": "step_done", "step": step})
         if step == steps // 2:
             await _hook(run, request, "mid_stream")

@@ -69,6 +69,7 @@ class RunRow:
     status: str
     queue_order: int
     cancel_requested: bool
+    attempt: int = 1
 
 
 @dataclass
@@ -112,6 +113,8 @@ class Snapshot:
     side_effects: list[tuple[uuid.UUID, int, int]]
     stops: list[StopRow]
     faults: list[FaultRow]
+    step_effects: list[tuple[uuid.UUID, int, int]] = field(default_factory=list)
+    """(turn, step, executions) of durable steps, counted across a turn's attempts."""
 
 
 @dataclass
@@ -142,11 +145,11 @@ async def load(conn: AsyncConnection, schema: str, chaos_schema: str) -> Snapsho
         k: v for k, v in await q(sql.SQL("SELECT key, value FROM {}").format(ident(chaos_schema, "meta")))
     }
     runs = {
-        r[0]: RunRow(r[0], r[1], r[2], r[3], r[4])
+        r[0]: RunRow(r[0], r[1], r[2], r[3], r[4], r[5])
         for r in await q(
-            sql.SQL("SELECT id, conversation_id, status, queue_order, cancel_requested FROM {}").format(
-                ident(schema, "agent_run")
-            )
+            sql.SQL(
+                "SELECT id, conversation_id, status, queue_order, cancel_requested, attempt FROM {}"
+            ).format(ident(schema, "agent_run"))
         )
     }
     events: dict[uuid.UUID, list[tuple[int, str, dict[str, Any]]]] = defaultdict(list)
@@ -187,7 +190,13 @@ async def load(conn: AsyncConnection, schema: str, chaos_schema: str) -> Snapsho
             )
         )
     ]
-    return Snapshot(meta, runs, dict(events), transitions, side_effects, stops, faults)
+    step_effects = [
+        (r[0], r[1], r[2])
+        for r in await q(
+            sql.SQL("SELECT turn, step, executions FROM {}").format(ident(chaos_schema, "step_effect"))
+        )
+    ]
+    return Snapshot(meta, runs, dict(events), transitions, side_effects, stops, faults, step_effects)
 
 
 async def check(
@@ -269,7 +278,7 @@ class _Context:
         for run in snap.runs.values():
             by_conv[run.conversation_id].append(run)
         for runs in by_conv.values():
-            runs.sort(key=lambda r: r.queue_order)
+            runs.sort(key=lambda r: (r.queue_order, r.attempt))  # (a retry keeps its turn's order)
         return cls(
             snap=snap,
             transcripts=transcripts,
@@ -340,6 +349,16 @@ def _no_side_effect_twice(ctx: _Context) -> list[str]:
         if len(life.running) > 1:
             out.append(f"run {run_id}: claimed {len(life.running)} times {life.running}")
     return out
+
+
+def _recorded_steps_never_repeat(ctx: _Context) -> list[str]:
+    """Proves a durable step's effect ran at most once per turn, across every attempt of it
+    (a recorded step is replayed, an uncertain one is never run again)."""
+    return [
+        f"turn {turn} step {step}: durable step executed {executions} times"
+        for turn, step, executions in ctx.snap.step_effects
+        if executions != 1
+    ]
 
 
 def _one_running_per_conversation(ctx: _Context) -> list[str]:
@@ -518,6 +537,7 @@ _CHECKS: dict[str, Callable[[_Context], list[str]]] = {
     "exactly_one_terminal_state": _exactly_one_terminal_state,
     "terminal_states_never_changed": _terminal_states_never_changed,
     "no_side_effect_twice": _no_side_effect_twice,
+    "recorded_steps_never_repeat": _recorded_steps_never_repeat,
     "one_running_per_conversation": _one_running_per_conversation,
     "turns_in_order": _turns_in_order,
     "journal_gap_free_one_complete": _journal_gap_free_one_complete,
@@ -557,6 +577,8 @@ def _counts(ctx: _Context) -> dict[str, Any]:
         "conversations": len(ctx.by_conv),
         "events": sum(len(e) for e in snap.events.values()),
         "side_effects": len(snap.side_effects),
+        "step_effects": len(snap.step_effects),
+        "retries": sum(1 for r in snap.runs.values() if r.attempt > 1),
         "transitions": len(snap.transitions),
         "reaped": len(ctx.reaped),
         "stops": len(snap.stops),

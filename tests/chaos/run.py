@@ -255,6 +255,8 @@ class Chaos:
             "--poll-seconds", str(p.poll),
             "--drain-seconds", "20",
             "--worker-id", wid,
+            # Failed runs are retried (a lost worker's too), so durable steps get replayed.
+            "--retry-attempts", "3", "--retry-backoff-seconds", "0",
         ]  # fmt: skip
         if not self.notify_on:
             args.append("--no-notify")
@@ -378,6 +380,7 @@ class Chaos:
                 "steps": self.rng.randint(2, 5),
                 "delay": round(self.rng.uniform(0.02, 0.15), 3),
                 "message": self.rng.random() < 0.3,
+                "durable": self.rng.random() < 0.4,
             }
             rid = await self.enqueue(cid, request, i)
             if rid is not None and self.rng.random() < self.prof.tail_fraction:

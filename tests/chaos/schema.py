@@ -8,6 +8,9 @@
 * ``side_effect``: the test agent's external effect, keyed by (run_id, step). A second
   execution of a step (a different ``execution`` id) bumps ``executions``, so a repeat
   is visible instead of being swallowed by the key.
+* ``step_effect``: the effect of a durable step (``run.step``), keyed by the turn (its
+  user message, which every attempt of the turn shares) and the step, counted like
+  ``side_effect``: a step run again by a retry would show as a second execution.
 * ``stop_log``: every stop the load generator made, written in the stop's own
   transaction with its result and a seq from the same sequence as the transitions.
 * ``fault``: every fault the runner injected (kind, time, victims, outage windows).
@@ -54,6 +57,16 @@ CREATE TABLE {c}.side_effect (
     worker_id      text,
     at             timestamptz NOT NULL DEFAULT clock_timestamp(),
     PRIMARY KEY (run_id, step)
+);
+CREATE TABLE {c}.step_effect (
+    turn           uuid        NOT NULL,
+    step           integer     NOT NULL,
+    execution      uuid        NOT NULL,
+    executions     integer     NOT NULL DEFAULT 1,
+    last_execution uuid,
+    run_id         uuid        NOT NULL,
+    at             timestamptz NOT NULL DEFAULT clock_timestamp(),
+    PRIMARY KEY (turn, step)
 );
 CREATE TABLE {c}.stop_log (
     id               uuid        PRIMARY KEY,
@@ -131,6 +144,20 @@ async def record_side_effect(
             "last_execution = excluded.execution WHERE s.execution <> excluded.execution"
         ).format(t=ident(chaos_schema, "side_effect")),
         (run_id, step, execution, worker_id),
+    )
+
+
+async def record_step_effect(
+    conn: AsyncConnection, chaos_schema: str, turn: Any, step: int, execution: Any, run_id: Any
+) -> None:
+    """A durable step's effect, counted per turn across its attempts (see ``side_effect``)."""
+    await conn.execute(
+        sql.SQL(
+            "INSERT INTO {t} AS s (turn, step, execution, run_id) VALUES (%s, %s, %s, %s) "
+            "ON CONFLICT (turn, step) DO UPDATE SET executions = s.executions + 1, "
+            "last_execution = excluded.execution WHERE s.execution <> excluded.execution"
+        ).format(t=ident(chaos_schema, "step_effect")),
+        (turn, step, execution, run_id),
     )
 
 

@@ -20,7 +20,7 @@ from psycopg import sql
 import runrow
 from runrow._engine.reaper import reap_expired
 from tests.chaos.checker import INVARIANTS, CheckResult, Transcript, check
-from tests.chaos.schema import ident, install, record_side_effect, stop_and_log
+from tests.chaos.schema import ident, install, record_side_effect, record_step_effect, stop_and_log
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator
@@ -211,6 +211,18 @@ async def test_same_execution_resent_is_not_a_repeat(world: World) -> None:
     assert (await world.check()).ok
 
 
+async def test_durable_step_run_again_by_a_retry(world: World) -> None:
+    """A turn's durable step counted once per turn: a second execution, by another
+    attempt of the turn, is the recorded-step invariant's violation, and only its."""
+    turn, rid = uuid.uuid4(), world.completed[0]
+    await record_step_effect(world.conn, world.chaos, turn, 0, uuid.uuid4(), rid)
+    assert (await world.check()).ok
+    await record_step_effect(world.conn, world.chaos, turn, 0, uuid.uuid4(), uuid.uuid4())
+    result = await world.check()
+    assert failing(result) == {"recorded_steps_never_repeat"}
+    assert "executed 2 times" in result.violations["recorded_steps_never_repeat"][0]
+
+
 async def test_run_claimed_twice(world: World) -> None:
     rid = world.completed[0]
     await world.execute(
@@ -226,7 +238,7 @@ async def test_run_claimed_twice(world: World) -> None:
 async def test_two_running_turns_in_one_conversation(world: World) -> None:
     # Only a missing unique index lets this happen; drop it to seed the violation.
     await world.conn.execute(
-        sql.SQL("DROP INDEX {}").format(ident(world.schema, "agent_run_one_running_per_conversation"))
+        sql.SQL("DROP INDEX {}").format(ident(world.schema, "agent_run_one_turn_per_conversation"))
     )
     first, second = await world.enqueue("x"), await world.enqueue("x")
     await world.start(first)

@@ -121,7 +121,13 @@ class Claimer:
         s = self._settings
         async with self._conn.statement() as conn:
             rows = await claims.claim(
-                conn, s.schema, order=s.claim_order, limit=limit, lease_seconds=s.lease, worker_id=s.worker_id
+                conn,
+                s.schema,
+                order=s.claim_order,
+                limit=limit,
+                lease_seconds=s.lease,
+                worker_id=s.worker_id,
+                retry_policy=s.retry_stamp,
             )
         self._stats["claims"] += 1
         self._stats["claimed"] += len(rows)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar, overload
 
 import anyio
 import psycopg
@@ -14,9 +14,10 @@ from .._db import describe, statement_conn
 from .._errors import InvalidInput, LeaseLost
 from .._events import CONTENT_DELTA
 from .._gateway import messages, reads
+from .steps import Steps
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Mapping
+    from collections.abc import Awaitable, Callable, Mapping
     from datetime import datetime
 
     from psycopg import AsyncConnection
@@ -25,11 +26,15 @@ if TYPE_CHECKING:
     from .._engine.journal_writer import JournalWriter
     from .._gateway.claims import ClaimedRun
     from .._models import Message
+    from .roster import Park
     from .settings import Settings
 
 __all__ = ["Agent", "RunContext", "RunHost"]
 
 log = logging.getLogger("runrow.run")
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 # Failures that leave a write's outcome unknown: read it back before retrying.
 _TRANSIENT = (psycopg.OperationalError, psycopg.InterfaceError, TimeoutError)
@@ -51,6 +56,10 @@ class RunHost(Protocol):
 
     def db_trouble(self) -> None:
         """A statement failed for want of a connection: have the pool checked."""
+        ...
+
+    def park(self, run_id: uuid.UUID, park: Park) -> None:
+        """The run's agent waits for input: cut it short, and park the run."""
         ...
 
 
@@ -77,7 +86,16 @@ class RunContext:
         self.user_message_id: uuid.UUID = row.user_message_id
         self.started_at: datetime = row.started_at
         self.worker_id: str = host.settings.worker_id
+        self.attempt: int = row.attempt
+        """Which attempt of its turn this run is: 1, then one more per retry."""
+        self.resumes: int = row.resumes
+        """How many times input resumed this run (0 until it has waited for input)."""
         self._claim_token: uuid.UUID = row.claim_token
+        self._row = row
+        # (Made at once for a resumed run: its journal is muted until its replay passes
+        # the input it paused on.)
+        self._steps: Steps | None = Steps(host, row, journal) if row.resumes else None
+        self._messages = 0  # write_message calls: the n-th call's id is fixed (see there)
         self.cancel_requested = False
         """True once a stop was requested for this run (the agent is being cancelled)."""
 
@@ -121,8 +139,14 @@ class RunContext:
         if role not in ("assistant", "tool", "system"):
             raise InvalidInput("role", "must be 'assistant', 'tool' or 'system'")
         body = _json.dumps(content, "content", self._host.settings.max_event_bytes)
+        # The n-th message of the run has the same id on every pass: a resumed run's
+        # replay gets back the id of the message it wrote before it paused (and writes
+        # nothing again).
+        message_id = self._message_id(self._messages)
+        self._messages += 1
+        if self._journal.muted:
+            return message_id
         await self._journal.flush()
-        message_id = uuid.uuid4()
         mark = self._journal.answer_mark()
         # Shielded: a stop cutting the write short would leave its outcome unknown, and
         # the ending would then save the streamed text again as a partial answer.
@@ -197,17 +221,104 @@ class RunContext:
             if not owned:
                 return False
 
+    @overload
+    async def step(
+        self, key: str, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> T: ...
+    @overload
+    async def step(self, key: str, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T: ...
+    async def step(self, key: str, fn: Callable[P, Any], /, *args: P.args, **kwargs: P.kwargs) -> Any:
+        """Runs ``fn(*args, **kwargs)`` (sync or async) at most once per turn, and
+        returns its result, recorded durably (fenced by the claim) first.
+
+        On a retry of the turn (:func:`runrow.retry_run`, or a ``RetryPolicy``'s) the
+        agent runs from the top and each step the earlier attempts recorded returns its
+        recorded result without calling ``fn``; a step that raised raises the same error
+        type and message again (or :class:`~runrow.StepFailed`). A step is named by
+        ``key`` and by how many calls with that key came before it in the turn, so steps
+        in a loop can share a key; steps running at the same time need keys of their
+        own. The code between steps must be deterministic: a retry that calls its steps
+        in another order raises :class:`~runrow.StepMismatch`.
+
+        The step is marked begun before ``fn`` runs. If its worker dies before the
+        outcome is recorded, the step is uncertain: a retry raises
+        :class:`~runrow.StepUncertain` rather than run it twice (use
+        :meth:`idempotent_step` for calls that are safe to repeat). The result must be
+        JSON-serialisable, at most 1 MiB; the value returned is the result as PostgreSQL's
+        jsonb keeps it (a tuple comes back a list; object keys in jsonb's order), on the
+        first attempt as on a replay.
+        """
+        return await self._book().run(key, fn, args, kwargs, idempotent=False)
+
+    @overload
+    async def idempotent_step(
+        self, key: str, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> T: ...
+    @overload
+    async def idempotent_step(
+        self, key: str, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs
+    ) -> T: ...
+    async def idempotent_step(
+        self, key: str, fn: Callable[P, Any], /, *args: P.args, **kwargs: P.kwargs
+    ) -> Any:
+        """:meth:`step` for a call that is safe to repeat (a read, a model call, a write
+        keyed by an idempotency key): it is not marked begun before it runs (one write,
+        not two); if its worker dies before it is recorded, or it raises (the error is
+        not recorded), a retry calls it again."""
+        return await self._book().run(key, fn, args, kwargs, idempotent=True)
+
+    async def wait_for_input(self, key: str, request: Any = None, *, timeout: float | None = None) -> Any:
+        """Waits for a person's input (an approval, an answer) and returns it: the value
+        a host recorded with :func:`runrow.provide_input` for this run and ``key``.
+
+        The first time, the input is marked waiting (fenced by the claim), and the run
+        parks: the agent is cancelled here (let the cancellation propagate), text it
+        streamed so far is kept as a message, an ``input_requested`` event with
+        ``request`` (any JSON value, for the host's page) ends its journal for now, and
+        the run's status becomes ``waiting``. It holds no slot and no lease, and its
+        conversation's later turns wait behind it. ``provide_input`` queues it again;
+        a worker (any process, after any restart) claims it and calls the agent from
+        the top: steps recorded before return their results, what the agent emits or
+        writes before this call is dropped (it is in the journal already), and this
+        call returns the value; the journal goes on from the next seq.
+
+        ``key`` names the input within the turn: one key per question (e.g. a tool
+        call's id); a second wait under a key already used (by a wait or a step) in the
+        turn raises :class:`~runrow.InvalidInput`. ``timeout`` (seconds)
+        ends the wait: the run is then ``expired``. A stop cancels a waiting run at once.
+        The code before the call must be deterministic (as between steps).
+        """
+        return await self._book().wait(key, request, timeout)
+
+    def _book(self) -> Steps:
+        if self._steps is None:
+            self._steps = Steps(self._host, self._row, self._journal)
+        return self._steps
+
     async def transcript(self) -> list[Message]:
         """The conversation up to and including this run's turn (drafts excluded), in turn order.
 
         Each earlier turn's question is followed by its answers, whenever they were
         written; turns enqueued after this one are not included (they are not this
-        run's to answer). A retry reads the conversation as of the turn it retries.
+        run's to answer). A retry reads the conversation as of the turn it retries. A
+        resumed run, replaying up to the input it paused on, reads it without the
+        messages it wrote (or the text it streamed) after that point of its first pass.
         """
         async with statement_conn(self._host.pool()) as conn:
-            return await reads.transcript(
+            found = await reads.transcript(
                 conn, self._host.settings.schema, conversation_id=self.conversation_id, run_id=self.run_id
             )
+        if not self._journal.muted:
+            return found
+        # A resumed run's replay reads the transcript as its first pass did at this point:
+        # without what this run wrote later (before it paused), whatever is there now.
+        written = {self._message_id(i) for i in range(self._messages)}
+        written.add(self.user_message_id)
+        return [m for m in found if m.run_id != self.run_id or m.id in written]
+
+    def _message_id(self, n: int) -> uuid.UUID:
+        """The id of the run's n-th message (the same on every pass of a resumed run)."""
+        return uuid.uuid5(self.run_id, f"message:{n}")
 
 
 class Agent(Protocol):

@@ -17,8 +17,8 @@ Each long-lived loop is a service (``service.py``); per-run work runs in a task 
 
 from __future__ import annotations
 
+import functools
 import logging
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import anyio
@@ -32,6 +32,7 @@ from .._gateway import schema as _schema
 from .._gateway._exec import configure_own
 from .._hub import NotifyHub
 from .._names import DEFAULT_SCHEMA
+from .drain import DrainReport
 from .parts import Parts
 from .settings import Settings, check_agent
 
@@ -46,25 +47,15 @@ if TYPE_CHECKING:
 
     from .._gateway.claims import ClaimOrder
     from .._observe import Observer
+    from .._retry import RetryPolicy
     from .context import Agent
 
 __all__ = ["Dispatcher", "DrainReport"]
 
 log = logging.getLogger("runrow.dispatcher")
 
-_STAT_NAMES = ("claimed", "completed", "failed", "cancelled", "reaped", "lost", "claim_conflicts", "claims")
-
-
-@dataclass(frozen=True, slots=True)
-class DrainReport:
-    """What :meth:`Dispatcher.stop` did with the runs in flight when it was called."""
-
-    finished: list[uuid.UUID] = field(default_factory=list)
-    """Runs that reached a terminal state during the drain budget."""
-    interrupted: list[uuid.UUID] = field(default_factory=list)
-    """Runs cancelled when the budget ran out and recorded ``failed`` (worker_shutdown)."""
-    left_for_reaper: list[uuid.UUID] = field(default_factory=list)
-    """Runs whose ending could not be recorded; the reaper fails them after lease + grace."""
+_STAT_NAMES: tuple[str, ...] = ("claimed", "completed", "failed", "cancelled", "parked", "reaped", "lost")
+_STAT_NAMES += ("claim_conflicts", "claims")
 
 
 class Dispatcher:
@@ -73,9 +64,10 @@ class Dispatcher:
     ``db`` is a conninfo string (the dispatcher opens its own pool) or an
     ``AsyncConnectionPool`` (whose conninfo the hub also uses for its direct LISTEN
     connection; pass ``hub=`` to share one hub or ``notifications=False`` to poll only).
-    The claim loop and the two writers (endings, journal) each keep one of the pool's
-    connections between statements, when the pool is large enough to spare them (see
-    docs/howto/workers.md); the dispatcher's own pool has ``concurrency + 4``.
+    The claim loop, the two writers (endings, journal), the heartbeat and the reaper
+    each keep one of the pool's connections between statements, when the pool is large
+    enough to spare them (see
+    docs/howto/workers.md); the dispatcher's own pool has ``concurrency + 5``.
 
     Timing options are seconds: ``lease`` (30) is how long a claim lives without a
     heartbeat, ``heartbeat`` (10) how often it is renewed (well under the lease),
@@ -92,6 +84,12 @@ class Dispatcher:
     Behind a transaction-pooling pgbouncer: pass ``prepared_statements=False`` (or a pool
     built with ``prepare_threshold=None``) and ``listen_conninfo``, a direct connection to
     PostgreSQL for the hub's LISTEN (a pooled session cannot hold a LISTEN).
+
+    ``retry`` (None: never) retries failed runs automatically, as new runs of the same
+    turn, by a :class:`~runrow.RetryPolicy`; at-most-once stays the default.
+
+    A failed run's log line names its error's type; ``log_error_messages=True`` adds the
+    error's message (off by default: a message may quote what a user wrote).
 
     ``claim_order="fair"`` (default) claims fairly across tenants (see the ``claim``
     statement in ``sql/runs.sql``: fewest running runs relative to the tenant's weight,
@@ -125,6 +123,8 @@ class Dispatcher:
         prepared_statements: bool = True,
         listen_conninfo: str | None = None,
         claim_order: ClaimOrder = "fair",
+        log_error_messages: bool = False,
+        retry: RetryPolicy | None = None,
     ) -> None:
         check_agent(agent)
         self._settings = Settings.validate(
@@ -144,6 +144,8 @@ class Dispatcher:
             prepared_statements=prepared_statements,
             listen_conninfo=listen_conninfo,
             notifications=notifications,
+            log_error_messages=log_error_messages,
+            retry=retry,
         )
         self._agent = agent
         self._observer_list = list(observers)
@@ -208,10 +210,11 @@ class Dispatcher:
         if isinstance(self._db, str):
             self._pool = AsyncConnectionPool(
                 self._db,
-                # Ready at start for the claim loop, the ending writer, the journal
-                # writer and the heartbeat: the first runs do not wait on connecting.
-                min_size=min(4, s.concurrency + 4),
-                max_size=s.concurrency + 4,
+                # The connections kept by the claim loop, the ending writer, the journal
+                # writer, the heartbeat and the reaper are ready at start (the first runs
+                # do not wait on connecting), and each run has one more.
+                min_size=min(5, s.concurrency + 5),
+                max_size=s.concurrency + 5,
                 open=False,
                 # Behind a transaction-pooling pgbouncer (< 1.21), server-side prepared
                 # statements break: prepared_statements=False turns them off.
@@ -242,18 +245,9 @@ class Dispatcher:
             await services.start(tg, "heartbeat", parts.lease.heartbeats)
             await services.start(tg, "reaper", parts.reaper.run)
             await services.start(tg, "pool-check", self._check_pool)
-            if self._hub is not None:
-                hub = self._hub
-                await services.start(
-                    tg,
-                    "wakes",
-                    lambda *, task_status: parts.claimer.forward_wakes(hub, task_status=task_status),
-                )
-                await services.start(
-                    tg,
-                    "cancels",
-                    lambda *, task_status: parts.lease.watch_cancels(hub, task_status=task_status),
-                )
+            if (hub := self._hub) is not None:
+                await services.start(tg, "wakes", functools.partial(parts.claimer.forward_wakes, hub))
+                await services.start(tg, "cancels", functools.partial(parts.lease.watch_cancels, hub))
             await services.start(tg, "claimer", parts.claimer.run)
         except BaseException:
             # A service failed to start (a hub that cannot subscribe) or the host cancelled
@@ -351,6 +345,8 @@ class Dispatcher:
             with anyio.CancelScope(shield=True):
                 await self._parts.endings.close()
                 await self._parts.appender.close()
+                await self._parts.beat_conn.release()
+                await self._parts.reap_conn.release()
         # The hub's task group must exit in the scope it was entered in (no shield here).
         if self._owns_hub and self._hub is not None and self._hub.running:
             await self._hub.__aexit__(None, None, None)

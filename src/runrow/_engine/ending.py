@@ -26,6 +26,7 @@ import psycopg
 from .. import _json
 from .._db import HeldConnection, describe, statement_conn
 from .._errors import LeaseLost
+from .._events import INPUT_REQUESTED
 from .._gateway import endings as _endings
 from .._gateway._exec import jit_off_session
 from .groupcommit import GroupCommit, WriterStopped
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
     from psycopg_pool import AsyncConnectionPool
 
     from .._aio import TaskSet
-    from .roster import ActiveRun, Roster
+    from .roster import ActiveRun, Park, Roster
     from .settings import Settings
 
 log = logging.getLogger("runrow.dispatcher")
@@ -123,7 +124,14 @@ class EndingWriter:
         await self.conn.release()
 
     def hand_over(
-        self, active: ActiveRun, status: str, error: dict[str, Any] | None, done: Callable[[bool], None]
+        self,
+        active: ActiveRun,
+        status: str,
+        error: dict[str, Any] | None,
+        done: Callable[[bool], None],
+        *,
+        retry: bool = False,
+        park: Park | None = None,
     ) -> None:
         """Hands the run's fenced terminal write over; ``done(landed)`` is called exactly
         once: when it has landed, or failed for good, or at the latest ``finalize_timeout``
@@ -150,6 +158,10 @@ class EndingWriter:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + budget
         answer = _Answer(done, deadline)
+        if park is not None:  # not an ending: the run waits for input (status waiting)
+            events = journal.final_rows({"key": park.key, "request": park.request}, INPUT_REQUESTED)
+        else:
+            events = journal.final_rows(terminal)
         handed = _Handed(
             _endings.Ending(
                 run_id=active.id,
@@ -157,7 +169,9 @@ class EndingWriter:
                 status=status,
                 error=None if error is None else _json.dumps(error, "error"),
                 partial=journal.answer_text,
-                events=journal.final_rows(terminal),
+                events=events,
+                retry=retry,
+                input_timeout=None if park is None else park.timeout,
             ),
             answer,
         )

@@ -4,7 +4,8 @@ Each run is one task. Its helpers (the journal's flush clock, its deadline) star
 if it needs them and end before its ending is written. The agent's outcome decides the
 ending: returning is ``completed``; raising is ``failed`` with the error's type and
 message; runrow's own cancellation is ``cancelled`` (a stop), ``failed`` with
-``worker_shutdown`` (a drain) or ``deadline_exceeded``; a lost claim writes nothing.
+``worker_shutdown`` (a drain) or ``deadline_exceeded``; a lost claim writes nothing; an
+agent waiting for input parks the run ``waiting`` (not an ending: the run resumes later).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from .. import _aio
+from .. import _aio, _json
 from .._errors import LeaseLost
 from .context import RunContext
 from .journal_writer import JournalWriter
@@ -140,6 +141,7 @@ class Executor:
             journal.on_flush = lambda n: self._flushed(ctx, journal, n, started)
         status: str | None = None
         error: dict[str, Any] | None = None
+        retry = False  # whether a failure is one the retry policy (if any) retries
         # The deadline, measured on the database's clock: both times come from the claim.
         remaining = None if row.deadline_at is None else (row.deadline_at - row.started_at).total_seconds()
         # The run's helpers (its flush clock, its deadline) are started only if it needs
@@ -162,7 +164,8 @@ class Executor:
                     roster.lost(run_id)
                 except Exception as exc:
                     status = "failed"
-                    error = _failure(exc)
+                    error = _json.error_of(exc)
+                    retry = s.retry is not None and s.retry.retries(exc)
                 except asyncio.CancelledError as exc:
                     # Only runrow's own cancellations (a stop, a drain, a lost claim, the
                     # deadline: all through this run's scope) or the task's (shutdown)
@@ -189,7 +192,16 @@ class Executor:
         # The agent is done: its slot can take the next run while this one's ending is
         # written (concurrency bounds agent calls; the finalize is one short statement).
         roster.free_slot(active)
-        if active.scope.cancelled_caught or (status is None and active.reason is not None):
+        if active.reason == "park":
+            # The agent waits for input (its input step is marked): the run parks.
+            status, error, retry = "waiting", None, False
+        elif active.reason == "cancel" and status == "failed":
+            # The agent failed once a stop had reached it (a write the stop cut short, an
+            # error of its own): the stop is what the user asked for, and what they see.
+            status, error, retry = "cancelled", None, False
+        elif active.scope.cancelled_caught or (status is None and active.reason is not None):
+            # (A stop or a deadline is never retried; a drain is a lost worker.)
+            retry = active.reason == "drain" and s.retry is not None and s.retry.worker_lost
             if active.reason == "cancel":
                 status, error = "cancelled", None
             elif active.reason == "drain":
@@ -203,7 +215,13 @@ class Executor:
             return
         # The task ends here; the ending writer reports back.
         self._endings.hand_over(
-            active, status, error, functools.partial(self._ended, active, status, error, started, extra)
+            active,
+            status,
+            error,
+            functools.partial(self._ended, active, status, error, started, extra),
+            # (An error raised while a stop or the deadline cut the agent is still theirs.)
+            retry=retry and status == "failed" and active.reason not in ("cancel", "deadline"),
+            park=active.park if status == "waiting" else None,
         )
 
     def _ended(
@@ -222,19 +240,27 @@ class Executor:
             ctx = active.ctx
             assert ctx is not None
             self._observe(lambda o: o.run_finished(ctx, status=status, seconds=took, recorded=landed))
-            if landed:
+            if landed and status == "waiting":
+                self._stats["parked"] += 1
+                park = active.park
+                log.info(
+                    "run %s waiting for input %r",
+                    active.id,
+                    None if park is None else park.key,
+                    extra={**extra, "status": status},
+                )
+            elif landed:
                 self._stats[status] += 1
                 if error is None:
                     log.info("run %s %s", active.id, status, extra={**extra, "status": status})
                 else:
                     # What failed it, by type: the message stays in the run's row and
-                    # journal, since it may quote what a user wrote, and logs never do.
+                    # journal, since it may quote what a user wrote; logs carry it only
+                    # when the host opted in (log_error_messages).
+                    said = _said(error) if self._settings.log_error_messages else ""
                     log.warning(
-                        "run %s %s: %s (its message: runrow runs show %s)",
-                        active.id,
-                        status,
-                        error.get("type"),
-                        active.id,
+                        "run %s %s: %s%s (details: runrow runs show %s)",
+                        *(active.id, status, error.get("type"), said, active.id),
                         extra={**extra, "status": status},
                     )
             else:
@@ -267,17 +293,6 @@ class Executor:
         self._observe(lambda o: o.journal_flush(ctx, rows=rows))
 
 
-def _failure(exc: BaseException) -> dict[str, str]:
-    """The error recorded for an agent that raised ``exc``: its type and message, made
-    storable whatever the message holds (jsonb refuses NUL; UTF-8, lone surrogates)."""
-    try:
-        message = str(exc)[:2000]
-    except Exception:  # an exception whose __str__ itself fails
-        message = f"<{type(exc).__name__} with an unprintable message>"
-    message = message.replace("\x00", "\ufffd").encode("utf-8", "replace").decode("utf-8")
-    return {"type": type(exc).__name__, "message": message}
-
-
 def _task_cancelling() -> bool:
     """Whether this task itself is being cancelled (``Task.cancel()``, e.g. at shutdown)."""
     task = asyncio.current_task()
@@ -286,9 +301,17 @@ def _task_cancelling() -> bool:
 
 def _agent_cancelled(exc: BaseException) -> dict[str, str]:
     """The error recorded for an agent that raised a CancelledError runrow did not ask for."""
-    detail = _failure(exc)["message"]
+    detail = _json.error_of(exc)["message"]
     return {
         "type": "agent_cancelled",
         "message": "the agent raised CancelledError without the run being cancelled "
         "(did it await something another task cancelled?)" + (f": {detail}" if detail else ""),
     }
+
+
+def _said(error: dict[str, Any]) -> str:
+    """The error's message for a log line: one line, at most 300 characters."""
+    message = " ".join(str(error.get("message") or "").split())
+    if not message:
+        return ""
+    return f": {message[:297]}..." if len(message) > 300 else f": {message}"

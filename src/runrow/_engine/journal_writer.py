@@ -78,6 +78,9 @@ class JournalWriter:
         self._has_pending = _aio.Event()
         self._answer: list[str] = []
         self.broken: BaseException | None = None
+        # A resumed run's replay, before it reaches where the run paused: what the agent
+        # emits was journaled before the pause, so it is dropped (see steps.Steps).
+        self.muted = False
         self.rows_written = 0
         self.flushes = 0
         self.deltas = 0
@@ -87,6 +90,8 @@ class JournalWriter:
     async def emit(self, event: Mapping[str, Any]) -> None:
         etype, payload = validate_event(event, self._max_bytes)
         self._check()
+        if self.muted:
+            return
         if etype != CONTENT_DELTA:
             await self.flush(extra=(etype, payload))
             return
@@ -214,10 +219,15 @@ class JournalWriter:
             if landed:  # part of a batch cannot land alone; the seqs are someone else's
                 raise LeaseLost(self.run_id)
 
-    def final_rows(self, terminal: dict[str, Any]) -> list[tuple[int, str, str]]:
-        """Pending text plus the terminal event, numbered, for the finalize statement."""
+    def final_rows(
+        self, terminal: dict[str, Any], event_type: str = TERMINAL_EVENT
+    ) -> list[tuple[int, str, str]]:
+        """Pending text plus the terminal event (or a park's ``input_requested``),
+        numbered, for the finalize statement."""
         rows = self._number(self._take_pending())
         seq = self.next_seq + len(rows)
+        if event_type != TERMINAL_EVENT:
+            return [*rows, (seq, event_type, _json.dumps(terminal, "event"))]
         if len(terminal) == 1 and terminal.get("status") in _STATUS_ONLY:
             # Most endings are just {"status": ...}: their JSON is known in advance.
             return [*rows, (seq, TERMINAL_EVENT, _STATUS_ONLY[terminal["status"]])]

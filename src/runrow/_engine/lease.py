@@ -9,6 +9,7 @@ keeper reads the run's durable flag before it cancels anything.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from typing import TYPE_CHECKING
@@ -17,7 +18,7 @@ import anyio
 import psycopg
 
 from .. import _aio
-from .._db import describe, statement_conn
+from .._db import HeldConnection, describe, statement_conn
 from .._gateway import lease as _lease
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ class LeaseKeeper:
         settings: Settings,
         roster: Roster,
         pool: Callable[[], AsyncConnectionPool[AsyncConnection]],
+        beat_conn: HeldConnection,
         observe: Observers,
         tasks: TaskSet,
         db_trouble: Callable[[], None],
@@ -54,6 +56,7 @@ class LeaseKeeper:
         self._settings = settings
         self._roster = roster
         self._pool = pool
+        self._beat_conn = beat_conn  # kept for the heartbeat (see parts.py)
         self._observe = observe
         self._tasks = tasks
         self._db_trouble = db_trouble
@@ -69,6 +72,8 @@ class LeaseKeeper:
         """One heartbeat every ``heartbeat`` seconds (service ``heartbeat``)."""
         task_status.started()
         every = self._settings.heartbeat
+        with contextlib.suppress(psycopg.Error, OSError, TimeoutError), anyio.move_on_after(every):
+            await self._beat_conn.take()  # (if not now, at the first heartbeat)
         while True:
             due = anyio.current_time() + every
             await anyio.sleep(every)
@@ -96,7 +101,7 @@ class LeaseKeeper:
             return
         s = self._settings
         try:
-            async with statement_conn(self._pool()) as conn:
+            async with self._beat_conn.statement() as conn:
                 alive = await _lease.heartbeat(
                     conn, s.schema, [(a.id, a.token) for a in actives], lease_seconds=s.lease
                 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .. import _aio
+from .._db import HeldConnection
 from .._observe import Observers
 from .claimer import Claimer
 from .ending import EndingWriter
@@ -20,15 +21,21 @@ if TYPE_CHECKING:
     from .dispatcher import Dispatcher
 
 
+# The pool size from which the heartbeat and the reaper keep a connection each (below
+# it, they take a pooled connection per statement, as the runs do).
+UPKEEP_MIN_POOL = 7
+
+
 class Host:
     """The narrow handle a RunContext gets on the engine (see ``context.RunHost``)."""
 
-    __slots__ = ("db_trouble", "lost", "pool", "settings")
+    __slots__ = ("db_trouble", "lost", "park", "pool", "settings")
 
     def __init__(self, dispatcher: Dispatcher, roster: Roster) -> None:
         self.settings = dispatcher.settings
         self.pool = dispatcher._pool_now
         self.lost = roster.lost
+        self.park = roster.park
         self.db_trouble = dispatcher._db_trouble
 
 
@@ -44,8 +51,13 @@ class Parts:
         self.roster = Roster(s.concurrency)
         self.appender = Appender(s, pool, trouble)
         self.endings = EndingWriter(s, self.roster, pool, d._stats, self.tasks, trouble)
-        self.lease = LeaseKeeper(s, self.roster, pool, observe, self.tasks, trouble)
-        self.reaper = Reaper(s, self.roster, pool, d._stats, observe)
+        # The heartbeat and the reaper each keep a connection: keeping claims alive and
+        # ending abandoned runs never wait behind the runs' own statements for a pooled
+        # connection (a pool that busy would cost leases), nor behind each other.
+        self.beat_conn = HeldConnection(pool, min_pool=UPKEEP_MIN_POOL)
+        self.reap_conn = HeldConnection(pool, min_pool=UPKEEP_MIN_POOL)
+        self.lease = LeaseKeeper(s, self.roster, pool, self.beat_conn, observe, self.tasks, trouble)
+        self.reaper = Reaper(s, self.roster, self.reap_conn, d._stats, observe)
         self.executor = Executor(
             s,
             self.roster,

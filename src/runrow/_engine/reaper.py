@@ -1,9 +1,10 @@
-"""The reaper: ends runs whose worker is gone.
+"""The reaper: ends runs whose worker is gone, and waits for input that are over.
 
 Every dispatcher runs one (and a pass at start). A run whose lease lapsed more than
 ``grace`` seconds ago is ended ``failed`` (``worker_lost``), or ``cancelled`` if a stop
-was pending, with the expiry re-checked inside the write itself. Nothing is ever re-run
-automatically: runrow is at-most-once.
+was pending, with the expiry re-checked inside the write itself. A run waiting for
+input past its wait's timeout is ended ``expired`` (``failed`` if that was the turn's
+deadline). Nothing is ever re-run automatically unless a retry policy says so.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import psycopg
 
-from .._db import describe, statement_conn
+from .._db import HeldConnection, describe, statement_conn
 from .._gateway import reaper as _reaper
 from .._names import DEFAULT_SCHEMA, Channels
 
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("runrow.dispatcher")
 
+_WHY = {"input_expired": "its wait for input is over", "deadline_exceeded": "past its deadline"}
+
 
 class Reaper:
     """A dispatcher's reaper (service ``reaper``)."""
@@ -43,33 +46,35 @@ class Reaper:
         self,
         settings: Settings,
         roster: Roster,
-        pool: Callable[[], AsyncConnectionPool[AsyncConnection]],
+        conn: HeldConnection,
         stats: dict[str, int],
         observe: Observers,
     ) -> None:
         self._settings = settings
         self._roster = roster
-        self._pool = pool
+        self._conn = conn  # kept for the reaper (see parts.py)
         self._stats = stats
         self._observe = observe
 
     async def run(self, *, task_status: TaskStatus[None]) -> None:
-        """A pass now, then one every ``reap_interval`` seconds."""
+        """A pass now, then one every ``reap_interval`` seconds (counted from each pass's
+        start, so a slow pass does not push the next one back)."""
         task_status.started()
         s = self._settings
         while True:
+            due = anyio.current_time() + s.reap_interval
             try:
                 with anyio.CancelScope(shield=True), anyio.fail_after(max(s.poll, 5.0)):
                     await self.reap()
             except (psycopg.Error, OSError, TimeoutError) as exc:
                 log.warning("reaper pass failed: %s", describe(exc), extra={"worker_id": s.worker_id})
-            await anyio.sleep(s.reap_interval)
+            await anyio.sleep(max(0.0, due - anyio.current_time()))
 
     async def reap(self, *, now: datetime | None = None, limit: int = 100) -> list[uuid.UUID]:
         """One pass; returns the ids it ended."""
         s = self._settings
         return await reap_expired(
-            self._pool(),
+            self._conn,
             schema=s.schema,
             grace=s.grace,
             now=now,
@@ -86,7 +91,7 @@ class Reaper:
 
 
 async def reap_expired(
-    db: AsyncConnectionPool[AsyncConnection] | AsyncConnection | str,
+    db: AsyncConnectionPool[AsyncConnection] | AsyncConnection | str | HeldConnection,
     *,
     schema: str = DEFAULT_SCHEMA,
     grace: float = 30.0,
@@ -123,10 +128,11 @@ async def reap_expired(
                 break
         for r in ended:
             reaped.append(r.run_id)
+            why = _WHY.get(r.reason) or f"worker {r.worker_id} lost"
             log.warning(
-                "reaped run %s (worker %s lost): %s",
+                "reaped run %s (%s): %s",
                 r.run_id,
-                r.worker_id,
+                why,
                 r.status,
                 extra={
                     "run_id": str(r.run_id),

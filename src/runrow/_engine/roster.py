@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import anyio
 
@@ -15,8 +15,18 @@ if TYPE_CHECKING:
     from .context import RunContext
     from .journal_writer import JournalWriter
 
-Reason = Literal["cancel", "drain", "lost", "deadline"]
-"""Why runrow cancelled a run's agent: a stop, a drain, a lost claim, or its deadline."""
+Reason = Literal["cancel", "drain", "lost", "deadline", "park"]
+"""Why runrow cancelled a run's agent: a stop, a drain, a lost claim, its deadline, or
+the agent's own wait for input (it parks)."""
+
+
+class Park(NamedTuple):
+    """The input a parking run waits for: its key, the agent's request (JSON-able) and how
+    long the wait may last (None: no limit)."""
+
+    key: str
+    request: Any
+    timeout: float | None
 
 
 class Waker:
@@ -48,6 +58,7 @@ class ActiveRun:
         "id",
         "journal",
         "lease_deadline",
+        "park",
         "reason",
         "scope",
         "slot_freed",
@@ -65,6 +76,7 @@ class ActiveRun:
         self.journal: JournalWriter | None = None
         self.ctx: RunContext | None = None
         self.slot_freed = False
+        self.park: Park | None = None  # set when the agent parks to wait for input
 
 
 class Roster:
@@ -106,8 +118,13 @@ class Roster:
             self.waker.set()
 
     def release(self, active: ActiveRun) -> None:
-        """The run is done with, ending written or not: forget it (idempotent)."""
-        self.runs.pop(active.id, None)
+        """The run is done with, ending written or not: forget it (idempotent).
+
+        Only this claim of the run is forgotten: a run that parked for input can be
+        resumed and claimed again, by this process too, before its park's answer is
+        processed, and the new claim is another ActiveRun under the same id."""
+        if self.runs.get(active.id) is active:
+            del self.runs[active.id]
         self.free_slot(active)
         self.waker.set()  # this conversation's next turn may be ready
         if not self.runs:
@@ -120,12 +137,26 @@ class Roster:
     def cancel(self, active: ActiveRun, reason: Reason) -> None:
         """Cancels the run's agent for ``reason``."""
         # A lost claim trumps everything (nothing may be written); a stop trumps a drain
-        # (the user asked for it: the run ends cancelled, not worker_shutdown).
-        if active.reason is None or reason == "lost" or (reason == "cancel" and active.reason == "drain"):
+        # and a park (the user asked for it: the run ends cancelled); a park trumps a
+        # drain (the run waits for input whoever holds it: nothing of it is lost).
+        if (
+            active.reason is None
+            or reason == "lost"
+            or (reason == "cancel" and active.reason in ("drain", "park"))
+            or (reason == "park" and active.reason == "drain")
+        ):
             active.reason = reason
         if reason == "cancel" and active.ctx is not None:
             active.ctx.cancel_requested = True
         active.scope.cancel()
+
+    def park(self, run_id: uuid.UUID, park: Park) -> None:
+        """The run's agent waits for input (its input step is marked): cut it short; its
+        ending parks the run ``waiting`` (unless a stop or a lost claim comes first)."""
+        active = self.runs.get(run_id)
+        if active is not None and not active.finishing:
+            active.park = park
+            self.cancel(active, "park")
 
     def lost(self, run_id: uuid.UUID) -> None:
         """The run's claim is no longer ours: stop its agent before it writes again."""

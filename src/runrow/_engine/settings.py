@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from .. import _json
 from .._errors import ConfigurationError, InvalidInput
 from .._names import Channels, check_schema
+from .._retry import RetryPolicy
 
 if TYPE_CHECKING:
     from .._gateway.claims import ClaimOrder
@@ -38,6 +39,10 @@ class Settings:
     prepared_statements: bool
     listen_conninfo: str | None
     notifications: bool
+    log_error_messages: bool = False
+    retry: RetryPolicy | None = None
+    retry_stamp: str | None = None
+    """The retry policy as each claim stamps it on its runs (None: no automatic retry)."""
     journal_notify: bool = True
     """False drops the journal's per-flush NOTIFY (tails then poll). Not a constructor
     option: the benchmark that measures what the NOTIFY costs sets it."""
@@ -62,6 +67,8 @@ class Settings:
         prepared_statements: bool,
         listen_conninfo: str | None,
         notifications: bool,
+        log_error_messages: bool = False,
+        retry: RetryPolicy | None = None,
     ) -> Settings:
         """The settings, with defaults filled in, or :class:`ConfigurationError` naming
         what is wrong. ``own_pool``: the dispatcher opens its pool from a conninfo."""
@@ -114,6 +121,10 @@ class Settings:
             )
         if worker_id is not None:
             _json.check_id(worker_id, "worker_id")
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise ConfigurationError(
+                f"retry must be a runrow.RetryPolicy or None, got {type(retry).__name__}"
+            )
         return cls(
             schema=schema,
             concurrency=concurrency,
@@ -130,6 +141,9 @@ class Settings:
             prepared_statements=prepared_statements,
             listen_conninfo=listen_conninfo,
             notifications=notifications,
+            log_error_messages=log_error_messages,
+            retry=retry,
+            retry_stamp=None if retry is None else retry.stamp(),
         )
 
     @property

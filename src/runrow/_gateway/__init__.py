@@ -2,7 +2,10 @@
 
 Each module is the part of the gateway one service or API uses. Its functions take a
 connection (and the schema), bind named parameters, and return typed records, never
-positional rows. Statements run through :func:`._exec.execute`, which keeps JIT off.
+positional rows. Statements run through :func:`._exec.execute`, which keeps JIT off. The
+functions the sync API shares (``submit``, ``stop``, the tail's, ``get_run``,
+``throughput``, ``queue_position``, ``schema.version``) are plans instead: they take no
+connection, and ``_exec.run`` or ``_exec.run_sync`` executes them.
 """
 
 from __future__ import annotations

@@ -1,37 +1,48 @@
-"""Runs one bound statement on a connection, with JIT off (see sql/session.sql).
+"""Runs bound statements on a connection, with JIT off (see sql/session.sql).
 
 The gateway's modules call :func:`execute`; nothing else in runrow runs SQL text.
+
+Plans: the gateway functions that both the asynchronous API and :mod:`runrow.sync` use
+are written once, as *plans*: generators that yield each :class:`Query` and get its rows
+back, then return a typed record. :func:`run` executes a plan on an ``AsyncConnection``,
+:func:`run_sync` on a ``Connection``; the rules of the JIT guard (which statement goes
+before and after a query) are decided once, in :func:`_guard`, for both.
 """
 
 from __future__ import annotations
 
 import weakref
-from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar, cast
 
 from psycopg.pq import TransactionStatus
 
 from .. import _sql
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Mapping, Sequence
+    from collections.abc import AsyncIterator, Generator, Iterator, Mapping, Sequence
 
-    from psycopg import AsyncConnection, AsyncCursor
+    from psycopg import AsyncConnection, AsyncCursor, Connection, Cursor
+    from psycopg.rows import BaseRowFactory
+
+T = TypeVar("T")
+AnyConnection: TypeAlias = "AsyncConnection[Any] | Connection[Any]"
 
 # -- JIT: no runrow statement is ever compiled (see sql/session.sql) --------------------
 
 # Connections whose session runrow itself set to jit = off (its own, direct connections).
-_JIT_OFF: weakref.WeakSet[AsyncConnection] = weakref.WeakSet()
+_JIT_OFF: weakref.WeakSet[AnyConnection] = weakref.WeakSet()
 
 # Connections to a server that cannot compile at all (no JIT provider: built without
 # LLVM, like the embedded wheel's), and to one that can. Asked once per connection
 # (see _no_jit); a connection in neither set has not been asked yet.
-_NO_JIT: weakref.WeakSet[AsyncConnection] = weakref.WeakSet()
-_CAN_JIT: weakref.WeakSet[AsyncConnection] = weakref.WeakSet()
+_NO_JIT: weakref.WeakSet[AnyConnection] = weakref.WeakSet()
+_CAN_JIT: weakref.WeakSet[AnyConnection] = weakref.WeakSet()
 
 # Connections inside a transaction runrow opened itself (see own_transaction), and
 # whether JIT is already off in it: once it is, the rest of the transaction runs plainly.
-_OWN_TX: weakref.WeakKeyDictionary[AsyncConnection, bool] = weakref.WeakKeyDictionary()
+_OWN_TX: weakref.WeakKeyDictionary[AnyConnection, bool] = weakref.WeakKeyDictionary()
 
 
 async def configure_own(conn: AsyncConnection) -> None:
@@ -45,20 +56,43 @@ async def configure_own(conn: AsyncConnection) -> None:
     _JIT_OFF.add(conn)
 
 
-async def _no_jit(conn: AsyncConnection) -> bool:
-    """Whether ``conn``'s server cannot JIT-compile anything, so needs no guard.
+def configure_own_sync(conn: Connection[Any]) -> None:
+    """:func:`configure_own` for a synchronous connection."""
+    conn.execute(_sql.statement("jit_off_session", "public"))
+    _JIT_OFF.add(conn)
+
+
+def _probe(conn: AnyConnection) -> bytes | None:
+    """The statement that asks whether ``conn``'s server can JIT-compile, if it must be asked.
 
     Asked once per connection, and only of an idle autocommit connection, where the
     probe is its own implicit transaction: on any other it would open or join a
     transaction of the host's, so that connection keeps the guard until it is idle.
     """
-    if conn in _NO_JIT:
-        return True
-    if conn in _CAN_JIT or not conn.autocommit or conn.info.transaction_status != TransactionStatus.IDLE:
-        return False
-    cur = await conn.execute(_sql.statement("jit_provider_available", "public"))
-    row = await cur.fetchone()
+    if conn in _NO_JIT or conn in _CAN_JIT:
+        return None
+    if not conn.autocommit or conn.info.transaction_status != TransactionStatus.IDLE:
+        return None
+    return _sql.statement("jit_provider_available", "public")
+
+
+def _probed(conn: AnyConnection, row: Sequence[Any] | None) -> None:
     (_CAN_JIT if row is not None and row[0] else _NO_JIT).add(conn)
+
+
+async def _no_jit(conn: AsyncConnection) -> bool:
+    """Whether ``conn``'s server cannot JIT-compile anything, so needs no guard (see :func:`_probe`)."""
+    probe = _probe(conn)
+    if probe is not None:
+        cur = await conn.execute(probe)
+        _probed(conn, await cur.fetchone())
+    return conn in _NO_JIT
+
+
+def _no_jit_sync(conn: Connection[Any]) -> bool:
+    probe = _probe(conn)
+    if probe is not None:
+        _probed(conn, conn.execute(probe).fetchone())
     return conn in _NO_JIT
 
 
@@ -67,47 +101,88 @@ def jit_off_session(conn: AsyncConnection) -> bool:
     return conn in _JIT_OFF
 
 
+@dataclass(frozen=True, slots=True)
+class _Guard:
+    """What a statement on a host's connection is pipelined between, and whether it
+    turns JIT off for the rest of a transaction runrow opened."""
+
+    before: bytes
+    after: bytes | None
+    marks_own: bool
+
+
+def _guard(conn: AnyConnection) -> _Guard | None:
+    """The JIT guard a statement on ``conn`` needs now; None to run it plainly.
+
+    On a connection runrow configured itself, or to a server that cannot compile at all,
+    none. On any other (the host's pool or connection) the statement is pipelined behind a
+    transaction-local ``jit = off``: one round trip still, and nothing of the host's
+    session changes. In a transaction runrow opened on such a connection
+    (:func:`own_transaction`) only its first statement takes that guard: the setting
+    lasts until the transaction ends. In the host's own transaction every statement takes
+    it, and the host's setting is put back in the same round trip.
+    """
+    if conn in _JIT_OFF or conn in _NO_JIT:
+        return None
+    joined = conn.info.transaction_status == TransactionStatus.INTRANS
+    own = _OWN_TX.get(conn)
+    if own is not None and joined:
+        return None if own else _Guard(_sql.statement("jit_off_local", "public"), None, True)
+    if joined:
+        return _Guard(
+            _sql.statement("jit_save_off_local", "public"),
+            _sql.statement("jit_restore_local", "public"),
+            False,
+        )
+    return _Guard(_sql.statement("jit_off_local", "public"), None, False)
+
+
 async def execute(
     conn: AsyncConnection,
     query: bytes,
     params: Mapping[str, Any] | Sequence[Any] | None = None,
     *,
     cursor: AsyncCursor[Any] | None = None,
+    prepare: bool | None = None,
 ) -> AsyncCursor[Any]:
-    """Runs one statement on ``conn`` with JIT off, and returns its cursor, results read.
-
-    On a connection runrow configured itself, or to a server that cannot compile at all
-    (no JIT provider, asked once per connection), this is a plain ``execute``. On any other
-    (the host's pool or connection) the statement is pipelined behind a transaction-local
-    ``jit = off``: one round trip still, and nothing of the host's session changes. In
-    a transaction runrow opened on such a connection (:func:`own_transaction`) only its
-    first statement takes that guard: the setting lasts until the transaction ends, and
-    the later statements run plainly. In the host's own transaction every statement
-    takes it, and the host's setting is put back in the same round trip.
-    """
+    """Runs one statement on ``conn`` with JIT off (see :func:`_guard`), and returns its
+    cursor, results read. ``prepare``: psycopg's (False: never a server-side prepared
+    statement, so each execution is planned for its values)."""
     cur = cursor if cursor is not None else conn.cursor()
-    if conn in _JIT_OFF or await _no_jit(conn):
-        await cur.execute(query, params)
-        return cur
-    joined = conn.info.transaction_status == TransactionStatus.INTRANS
-    own = _OWN_TX.get(conn)
-    if own is not None and joined:
-        if own:
-            await cur.execute(query, params)
-        else:
-            async with conn.pipeline():
-                await conn.execute(_sql.statement("jit_off_local", "public"))
-                await cur.execute(query, params)
-            _OWN_TX[conn] = True
+    guard = None if conn in _JIT_OFF or await _no_jit(conn) else _guard(conn)
+    if guard is None:
+        await cur.execute(query, params, prepare=prepare)
         return cur
     async with conn.pipeline():
-        if joined:
-            await conn.execute(_sql.statement("jit_save_off_local", "public"))
-        else:
-            await conn.execute(_sql.statement("jit_off_local", "public"))
-        await cur.execute(query, params)
-        if joined:
-            await conn.execute(_sql.statement("jit_restore_local", "public"))
+        await conn.execute(guard.before)
+        await cur.execute(query, params, prepare=prepare)
+        if guard.after is not None:
+            await conn.execute(guard.after)
+    if guard.marks_own:
+        _OWN_TX[conn] = True
+    return cur
+
+
+def execute_sync(
+    conn: Connection[Any],
+    query: bytes,
+    params: Mapping[str, Any] | Sequence[Any] | None = None,
+    *,
+    cursor: Cursor[Any] | None = None,
+) -> Cursor[Any]:
+    """:func:`execute` for a synchronous connection."""
+    cur = cursor if cursor is not None else conn.cursor()
+    guard = None if conn in _JIT_OFF or _no_jit_sync(conn) else _guard(conn)
+    if guard is None:
+        cur.execute(query, params)
+        return cur
+    with conn.pipeline():
+        conn.execute(guard.before)
+        cur.execute(query, params)
+        if guard.after is not None:
+            conn.execute(guard.after)
+    if guard.marks_own:
+        _OWN_TX[conn] = True
     return cur
 
 
@@ -130,3 +205,73 @@ async def own_transaction(conn: AsyncConnection) -> AsyncIterator[AsyncConnectio
             yield conn
         finally:
             _OWN_TX.pop(conn, None)
+
+
+@contextmanager
+def own_transaction_sync(conn: Connection[Any]) -> Iterator[Connection[Any]]:
+    """:func:`own_transaction` for a synchronous connection."""
+    if conn.autocommit:
+        _no_jit_sync(conn)
+    with conn.transaction():
+        if conn in _JIT_OFF or conn in _NO_JIT:
+            yield conn
+            return
+        _OWN_TX[conn] = False
+        try:
+            yield conn
+        finally:
+            _OWN_TX.pop(conn, None)
+
+
+# -- plans: one statement sequence, run by an async or a sync executor -----------------
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    """One statement of a plan: its text, its parameters, how to build its rows, and
+    whether it runs plainly (no JIT guard: the schema checks, see ``schema.py``)."""
+
+    text: bytes
+    params: Mapping[str, Any] | None = None
+    row_factory: BaseRowFactory[Any] | None = None
+    plain: bool = False
+
+
+Plan: TypeAlias = "Generator[Query, list[Any], T]"
+"""A gateway call as a generator: it yields its statements, receives each one's rows
+(all of them, a list), and returns its typed result. Run it with :func:`run` or
+:func:`run_sync`; a plan calls another with ``yield from``."""
+
+
+async def run(conn: AsyncConnection, plan: Plan[T]) -> T:
+    """Executes ``plan`` on ``conn``, statement by statement, and returns its result."""
+    try:
+        query = next(plan)
+        while True:
+            cur = conn.cursor(row_factory=query.row_factory) if query.row_factory else conn.cursor()
+            if query.plain:
+                await cur.execute(query.text, query.params)
+            else:
+                await execute(conn, query.text, query.params, cursor=cur)
+            query = plan.send(await cur.fetchall() if cur.description is not None else [])
+    except StopIteration as done:
+        return cast("T", done.value)
+    finally:
+        plan.close()
+
+
+def run_sync(conn: Connection[Any], plan: Plan[T]) -> T:
+    """:func:`run` on a synchronous connection."""
+    try:
+        query = next(plan)
+        while True:
+            cur = conn.cursor(row_factory=query.row_factory) if query.row_factory else conn.cursor()
+            if query.plain:
+                cur.execute(query.text, query.params)
+            else:
+                execute_sync(conn, query.text, query.params, cursor=cur)
+            query = plan.send(cur.fetchall() if cur.description is not None else [])
+    except StopIteration as done:
+        return cast("T", done.value)
+    finally:
+        plan.close()

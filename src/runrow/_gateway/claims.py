@@ -36,6 +36,9 @@ class ClaimedRun(NamedTuple):
     started_at: datetime
     deadline_at: datetime | None
     priority: int
+    lineage_id: uuid.UUID | None
+    attempt: int
+    resumes: int
     content: Any
     last_seq: int
 
@@ -49,13 +52,21 @@ async def claim(
     lease_seconds: float,
     worker_id: str,
     now: datetime | None = None,
+    retry_policy: str | None = None,
 ) -> list[ClaimedRun]:
-    """Claims up to ``limit`` runs (at most one per conversation) in ``order``."""
+    """Claims up to ``limit`` runs (at most one per conversation) in ``order``, stamping
+    each with ``retry_policy`` (JSON text; None: not retried)."""
     cur = conn.cursor(row_factory=_rows)
     await execute(
         conn,
         _sql.statement("claim", schema) if order == "fair" else _sql.statement("claim_fifo", schema),
-        {"limit": limit, "lease_seconds": lease_seconds, "worker_id": worker_id, "now": now},
+        {
+            "limit": limit,
+            "lease_seconds": lease_seconds,
+            "worker_id": worker_id,
+            "now": now,
+            "retry_policy": retry_policy,
+        },
         cursor=cur,
     )
     rows = await cur.fetchall()

@@ -30,6 +30,10 @@ class Ending(NamedTuple):
     partial: str | None
     """Streamed answer text not yet in the transcript, saved as a draft."""
     events: Sequence[EventRow]
+    retry: bool = False
+    """A failed run to retry automatically, if its stamped policy allows (finalize decides)."""
+    input_timeout: float | None = None
+    """A parked run (status ``waiting``): seconds its input may take (None: no limit)."""
 
 
 def finalize_params(endings: Sequence[Ending], channels: Channels) -> dict[str, Any]:
@@ -43,6 +47,8 @@ def finalize_params(endings: Sequence[Ending], channels: Channels) -> dict[str, 
                 "status": e.status,
                 "error": e.error,
                 "partial": e.partial,
+                "retry": e.retry,
+                "input_timeout": e.input_timeout,
             }
             for e in endings
         ),
@@ -95,7 +101,7 @@ async def unset_session_bound(conn: AsyncConnection, schema: str) -> None:
 
 async def landed(conn: AsyncConnection, schema: str, ending: Ending) -> bool:
     """Whether ``ending`` is the one recorded (an earlier attempt whose answer was lost)."""
-    seq, _, payload = ending.events[-1]  # the terminal event
+    seq, etype, payload = ending.events[-1]  # the terminal event (a park's input_requested)
     cur = await execute(
         conn,
         _sql.statement("ending_landed", schema),
@@ -104,6 +110,7 @@ async def landed(conn: AsyncConnection, schema: str, ending: Ending) -> bool:
             "claim_token": ending.claim_token,
             "status": ending.status,
             "seq": seq,
+            "type": etype,
             "payload": payload,
         },
     )

@@ -9,7 +9,7 @@ from psycopg.rows import args_row, class_row
 
 from .. import _sql
 from .._models import Message, RunInfo
-from ._exec import execute
+from ._exec import Plan, Query, execute
 
 if TYPE_CHECKING:
     import uuid
@@ -34,11 +34,16 @@ class Throughput(NamedTuple):
     avg_run_seconds: float | None
 
 
-async def get_run(conn: AsyncConnection, schema: str, *, run_id: uuid.UUID) -> RunInfo | None:
-    """The run's row, or None if there is none."""
-    cur = conn.cursor(row_factory=class_row(RunInfo))
-    await execute(conn, _sql.statement("get_run", schema), {"run_id": run_id}, cursor=cur)
-    return await cur.fetchone()
+def get_run(schema: str, *, run_id: uuid.UUID) -> Plan[RunInfo | None]:
+    """The run's row, or None if there is none (a plan, see :mod:`._exec`)."""
+    rows = yield Query(_sql.statement("get_run", schema), {"run_id": run_id}, class_row(RunInfo))
+    return rows[0] if rows else None
+
+
+def conversation_owner(schema: str, *, conversation_id: str) -> Plan[str | None]:
+    """The user of any run of the conversation, or None if it has none."""
+    rows = yield Query(_sql.statement("conversation_owner", schema), {"conversation_id": conversation_id})
+    return None if not rows else str(rows[0][0])
 
 
 async def list_runs(
@@ -78,20 +83,13 @@ async def stats(conn: AsyncConnection, schema: str) -> list[StatusCount]:
     ]
 
 
-async def throughput(
-    conn: AsyncConnection,
-    schema: str,
-    *,
-    tenant_id: str | None,
-    window_seconds: float,
-    now: datetime | None,
-) -> Throughput:
-    """Runs finished in the last ``window_seconds`` (before ``now``, default the database's)."""
-    cur = await execute(
-        conn,
+def throughput(
+    schema: str, *, tenant_id: str | None, window_seconds: float, now: datetime | None
+) -> Plan[Throughput]:
+    """Runs finished in the last ``window_seconds`` (before ``now``, default the database's);
+    a plan (see :mod:`._exec`)."""
+    (row,) = yield Query(  # an aggregate always yields one row
         _sql.statement("throughput", schema),
         {"tenant_id": tenant_id, "window_seconds": window_seconds, "now": now},
     )
-    row = await cur.fetchone()
-    assert row is not None  # an aggregate always yields one row
     return Throughput(int(row[0]), int(row[1]), row[2])

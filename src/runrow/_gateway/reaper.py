@@ -19,12 +19,14 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class Reaped:
-    """A run the reaper ended: its terminal status and the worker that lost it."""
+    """A run the reaper ended: its terminal status, the worker that lost it (or that
+    parked it, for a waiting run), and why (the terminal event's ``reason``)."""
 
     run_id: uuid.UUID
     conversation_id: str
     status: str
     worker_id: str | None
+    reason: str
 
 
 async def candidates(
@@ -61,4 +63,4 @@ async def reap(
             "wake_channel": channels.wake,
         },
     )
-    return [Reaped(row[0], row[1], row[2], row[3]) for row in await cur.fetchall()]
+    return [Reaped(row[0], row[1], row[2], row[3], row[4]) for row in await cur.fetchall()]

@@ -14,6 +14,7 @@ import psycopg
 
 from .. import _sql
 from .._errors import SchemaOutOfDate
+from ._exec import Plan, Query, run
 
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
@@ -37,22 +38,21 @@ def latest_version() -> int:
     return len(migrations())
 
 
-async def version(conn: AsyncConnection, schema: str) -> int | None:
-    """The migration version of ``schema``, or None if it was never migrated."""
-    table = psycopg.sql.Identifier(schema, "schema_version").as_string(conn)
-    cur = await conn.execute(_sql.statement("version_table_exists", schema), {"version_table": table})
-    row = await cur.fetchone()
-    if row is None or not row[0]:
+def version(schema: str) -> Plan[int | None]:
+    """The migration version of ``schema``, or None if it was never migrated (a plan, see
+    :mod:`._exec`, of plain statements)."""
+    table = psycopg.sql.Identifier(schema, "schema_version").as_string()
+    rows = yield Query(_sql.statement("version_table_exists", schema), {"version_table": table}, plain=True)
+    if not rows or not rows[0][0]:
         return None
-    cur = await conn.execute(_sql.statement("max_version", schema))
-    row = await cur.fetchone()
-    return int(row[0]) if row else 0
+    rows = yield Query(_sql.statement("max_version", schema), plain=True)
+    return int(rows[0][0]) if rows else 0
 
 
 async def require(conn: AsyncConnection, schema: str) -> None:
     """Raises :class:`SchemaOutOfDate` unless ``schema`` is at this runrow's version."""
     expected = latest_version()
-    found = await version(conn, schema)
+    found = await run(conn, version(schema))
     if found != expected:
         raise SchemaOutOfDate(schema, found, expected)
 
@@ -71,3 +71,8 @@ async def apply_migration(conn: AsyncConnection, schema: str, *, step: Migration
     """In the caller's transaction: runs ``step``'s script on ``schema`` and records its version."""
     await conn.execute(_sql.render(step.text, schema))
     await conn.execute(_sql.statement("record_version", schema), {"version": step.version, "name": step.name})
+
+
+async def drop(conn: AsyncConnection, schema: str) -> None:
+    """Drops ``schema`` and everything in it (runrow.testing's throwaway schemas only)."""
+    await conn.execute(_sql.statement("drop_schema", schema))

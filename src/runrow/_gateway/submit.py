@@ -1,17 +1,18 @@
-"""Submitting turns: enqueue (its gate and admission lock), idempotent repeats, retries."""
+"""Submitting turns: enqueue (its gate and admission lock), idempotent repeats, retries.
+
+Every function here is a plan (see :mod:`._exec`), run on an async or a sync connection.
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
 from .. import _sql
-from ._exec import execute
+from ._exec import Plan, Query
 
 if TYPE_CHECKING:
     import uuid
     from datetime import datetime
-
-    from psycopg import AsyncConnection
 
     from .._models import RunStatus
 
@@ -53,19 +54,15 @@ class RetrySource(NamedTuple):
     trimmed: bool
 
 
-async def admission_lock(
-    conn: AsyncConnection, schema: str, *, tenant_lock: str | None, conversation_lock: str | None
-) -> None:
+def admission_lock(schema: str, *, tenant_lock: str | None, conversation_lock: str | None) -> Plan[None]:
     """Takes the gated enqueue's advisory locks (tenant, then conversation; None takes none)."""
-    await execute(
-        conn,
+    yield Query(
         _sql.statement("admission_lock", schema),
         {"tenant_lock": tenant_lock, "conversation_lock": conversation_lock},
     )
 
 
-async def enqueue(
-    conn: AsyncConnection,
+def enqueue(
     schema: str,
     *,
     conversation_id: str,
@@ -84,10 +81,9 @@ async def enqueue(
     reject_if_busy: bool,
     wake_channel: str,
     conversation_lock: str,
-) -> Admission:
+) -> Plan[Admission]:
     """Writes the message, the run, journal events 1-2 and the wake in one statement, if admitted."""
-    cur = await execute(
-        conn,
+    (row,) = yield Query(
         _sql.statement("enqueue", schema),
         {
             "conversation_id": conversation_id,
@@ -108,15 +104,13 @@ async def enqueue(
             "conversation_lock": conversation_lock,
         },
     )
-    row = await cur.fetchone()
-    assert row is not None  # the gate always yields one row
+    # (the gate always yields one row)
     rid, status, conv, message_id, created_at, _woke, admitted, busy, tenant_queued, conv_queued = row
     run = None if rid is None else RunRef(rid, status, conv, message_id, created_at)
     return Admission(run, admitted, busy, tenant_queued, conv_queued)
 
 
-async def find_idempotent(
-    conn: AsyncConnection,
+def find_idempotent(
     schema: str,
     *,
     user_id: str,
@@ -125,10 +119,9 @@ async def find_idempotent(
     tenant_id: str | None,
     content: str,
     request: str | None,
-) -> IdempotentRun | None:
+) -> Plan[IdempotentRun | None]:
     """The run the user's key already names, compared with this turn; None if there is none."""
-    cur = await execute(
-        conn,
+    rows = yield Query(
         _sql.statement("find_idempotent", schema),
         {
             "user_id": user_id,
@@ -139,10 +132,11 @@ async def find_idempotent(
             "request": request,
         },
     )
-    row = await cur.fetchone()
-    if row is None:
+    if not rows:
         return None
-    rid, status, conv, message_id, created_at, other_conv, other_tenant, other_content, other_request = row
+    rid, status, conv, message_id, created_at, other_conv, other_tenant, other_content, other_request = rows[
+        0
+    ]
     return IdempotentRun(
         RunRef(rid, status, conv, message_id, created_at),
         other_conv,
@@ -152,12 +146,11 @@ async def find_idempotent(
     )
 
 
-async def retry(
-    conn: AsyncConnection, schema: str, *, run_id: uuid.UUID, wake_channel: str, conversation_lock_prefix: str
-) -> RunRef | None:
-    """Queues a retry of a failed or cancelled run; None if it was not retried (now)."""
-    cur = await execute(
-        conn,
+def retry(
+    schema: str, *, run_id: uuid.UUID, wake_channel: str, conversation_lock_prefix: str
+) -> Plan[RunRef | None]:
+    """Queues a retry of a failed, cancelled or expired run; None if it was not retried (now)."""
+    rows = yield Query(
         _sql.statement("retry", schema),
         {
             "run_id": run_id,
@@ -165,19 +158,16 @@ async def retry(
             "conversation_lock_prefix": conversation_lock_prefix,
         },
     )
-    row = await cur.fetchone()
-    return None if row is None else RunRef(row[0], row[1], row[2], row[3], row[4])
+    return RunRef(*rows[0][:5]) if rows else None
 
 
-async def find_retry(conn: AsyncConnection, schema: str, *, run_id: uuid.UUID) -> RunRef | None:
+def find_retry(schema: str, *, run_id: uuid.UUID) -> Plan[RunRef | None]:
     """The retry of ``run_id``, if it has one."""
-    cur = await execute(conn, _sql.statement("find_retry", schema), {"run_id": run_id})
-    row = await cur.fetchone()
-    return None if row is None else RunRef(*row)
+    rows = yield Query(_sql.statement("find_retry", schema), {"run_id": run_id})
+    return RunRef(*rows[0]) if rows else None
 
 
-async def retry_source(conn: AsyncConnection, schema: str, *, run_id: uuid.UUID) -> RetrySource | None:
+def retry_source(schema: str, *, run_id: uuid.UUID) -> Plan[RetrySource | None]:
     """The run's status and whether it was trimmed; None if there is no such run."""
-    cur = await execute(conn, _sql.statement("retry_source", schema), {"run_id": run_id})
-    row = await cur.fetchone()
-    return None if row is None else RetrySource(*row)
+    rows = yield Query(_sql.statement("retry_source", schema), {"run_id": run_id})
+    return RetrySource(*rows[0]) if rows else None

@@ -2,6 +2,7 @@
 
 Its own module rather than part of ``reads``: a tail runs these two statements in a loop
 for as long as a client watches, on a connection it may keep, and the benchmarks time them.
+Both are plans (see :mod:`._exec`), run by the async tail and the sync one.
 """
 
 from __future__ import annotations
@@ -12,12 +13,10 @@ from psycopg.rows import args_row
 
 from .. import _sql
 from .._events import Event
-from ._exec import execute
+from ._exec import Plan, Query
 
 if TYPE_CHECKING:
     import uuid
-
-    from psycopg import AsyncConnection
 
     from .._models import RunStatus
 
@@ -32,22 +31,17 @@ class RunEnd(NamedTuple):
     last_seq: int | None
 
 
-async def read_events(
-    conn: AsyncConnection, schema: str, *, run_id: uuid.UUID, after: int, limit: int
-) -> list[Event]:
+def read_events(schema: str, *, run_id: uuid.UUID, after: int, limit: int) -> Plan[list[Event]]:
     """Up to ``limit`` of the run's events after seq ``after``, in order."""
-    cur = conn.cursor(row_factory=args_row(Event))
-    await execute(
-        conn,
+    rows = yield Query(
         _sql.statement("read_events", schema),
         {"run_id": run_id, "after": after, "limit": limit},
-        cursor=cur,
+        args_row(Event),
     )
-    return await cur.fetchall()
+    return rows
 
 
-async def run_terminal_state(conn: AsyncConnection, schema: str, *, run_id: uuid.UUID) -> RunEnd | None:
+def run_terminal_state(schema: str, *, run_id: uuid.UUID) -> Plan[RunEnd | None]:
     """The run's status and journal ending (see :class:`RunEnd`); None if there is no such run."""
-    cur = await execute(conn, _sql.statement("run_terminal_state", schema), {"run_id": run_id})
-    row = await cur.fetchone()
-    return None if row is None else RunEnd(*row)
+    rows = yield Query(_sql.statement("run_terminal_state", schema), {"run_id": run_id})
+    return RunEnd(*rows[0]) if rows else None

@@ -8,7 +8,7 @@ from psycopg.rows import args_row
 
 from .. import _sql
 from .._models import TenantPolicy
-from ._exec import execute
+from ._exec import Plan, Query, execute
 
 if TYPE_CHECKING:
     import uuid
@@ -53,26 +53,19 @@ async def list_tenant_policies(conn: AsyncConnection, schema: str) -> list[Tenan
     return await cur.fetchall()
 
 
-async def queue_position(
-    conn: AsyncConnection,
-    schema: str,
-    *,
-    run_id: uuid.UUID,
-    now: datetime | None,
-    cap: int,
-    min_walk: int,
-) -> QueueSpot | None:
+def queue_position(
+    schema: str, *, run_id: uuid.UUID, now: datetime | None, cap: int, min_walk: int
+) -> Plan[QueueSpot | None]:
     """Where the run stands in the fair order (walks stop after ``cap`` index entries, each
-    other tenant's at least ``min_walk`` deep); None if there is no such run."""
-    cur = await execute(
-        conn,
+    other tenant's at least ``min_walk`` deep); None if there is no such run. A plan (see
+    :mod:`._exec`)."""
+    rows = yield Query(
         _sql.statement("queue_position", schema),
         {"run_id": run_id, "now": now, "cap": cap, "min_walk": min_walk},
     )
-    row = await cur.fetchone()
-    if row is None:
+    if not rows:
         return None
-    status, rank, position, due_in, exact = row
+    status, rank, position, due_in, exact = rows[0]
     return QueueSpot(
         status,
         None if rank is None else int(rank),

@@ -73,6 +73,7 @@ def _start_worker(url: str, schema: str) -> subprocess.Popen[bytes]:
         "--schema", schema, "--concurrency", str(_WORKER_CONCURRENCY), "--drain-seconds", "5",
         "--lease-seconds", str(t["lease"]), "--heartbeat-seconds", str(t["heartbeat"]),
         "--grace-seconds", str(t["grace"]), "--poll-seconds", str(t["poll"]),
+        "--log-error-messages",  # the demo's user is its developer: show what failed, in full
     ]  # fmt: skip
     env = {**os.environ, "DATABASE_URL": url, "RUNROW_DEMO_SCHEMA": schema}
     # Its own process group: Ctrl-C reaches the demo, which stops the workers itself.

@@ -1,7 +1,6 @@
-"""The demo's own tables, next to runrow's: who owns a conversation, and the tool's notes.
+"""The demo's own table, next to runrow's: the tool's notes.
 
-A host keeps this kind of data in its own schema; runrow only needs its three tables.
-Here they live in ``<schema>_demo`` so that dropping the demo leaves runrow alone.
+A host keeps this kind of data in its own schema. Here it lives in ``<schema>_demo`` so that dropping the demo leaves runrow alone.
 """
 
 from __future__ import annotations
@@ -15,15 +14,10 @@ if TYPE_CHECKING:
 
     from psycopg import AsyncConnection
 
-__all__ = ["claim_conversation", "conversation_owner", "ensure_tables", "list_notes", "record_note"]
+__all__ = ["ensure_tables", "list_notes", "record_note"]
 
 _DDL = """
 CREATE SCHEMA IF NOT EXISTS {s};
-CREATE TABLE IF NOT EXISTS {s}.conversation (
-    id         text        PRIMARY KEY,
-    owner      text        NOT NULL,
-    created_at timestamptz NOT NULL DEFAULT now()
-);
 CREATE TABLE IF NOT EXISTS {s}.note (
     id              bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     run_id          uuid        NOT NULL,
@@ -45,26 +39,6 @@ async def ensure_tables(conn: AsyncConnection, demo_schema: str) -> None:
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (demo_schema,))
         await conn.execute(_q(_DDL, demo_schema))
-
-
-async def claim_conversation(conn: AsyncConnection, demo_schema: str, conversation_id: str, user: str) -> str:
-    """The conversation's owner: ``user`` if it had none yet (first poster owns it)."""
-    await conn.execute(
-        _q(
-            "INSERT INTO {s}.conversation (id, owner) VALUES (%s, %s) ON CONFLICT (id) DO NOTHING",
-            demo_schema,
-        ),
-        (conversation_id, user),
-    )
-    return await conversation_owner(conn, demo_schema, conversation_id) or user
-
-
-async def conversation_owner(conn: AsyncConnection, demo_schema: str, conversation_id: str) -> str | None:
-    cur = await conn.execute(
-        _q("SELECT owner FROM {s}.conversation WHERE id = %s", demo_schema), (conversation_id,)
-    )
-    row = await cur.fetchone()
-    return None if row is None else str(row[0])
 
 
 async def record_note(

@@ -2,14 +2,19 @@
 // Each turn is a run. Its answer streams over EventSource from /v1/runs/{id}/events.
 // The last seq seen and the text so far are kept in sessionStorage, so a reload resumes
 // the stream right after that seq: no gap, no duplicate.
+// A run that asks for approval journals input_requested and waits (status "waiting");
+// the page shows an approval card, rebuilt from the journal on a reload.
 "use strict";
 
-const TERMINAL = new Set(["completed", "failed", "cancelled"]);
+const TERMINAL = new Set(["completed", "failed", "cancelled", "expired"]);
+const ACTIVE = new Set(["running", "queued", "waiting"]);  // what Stop can stop
 const EVENT_TYPES = ["user_message_created", "run_queued", "content_delta", "tool_call_started",
-  "tool_call_finished", "message_done", "complete", "message"];
+  "tool_call_finished", "input_requested", "input_provided", "message_done", "complete", "message"];
 const $ = (sel) => document.querySelector(sel);
 const streams = new Map();  // run_id -> EventSource
 const streamedHere = new Set();  // runs whose answer this page showed as it streamed
+const toolsOf = new Map();  // run_id -> its tool calls, as last rendered
+const approvalsOf = new Map();  // run_id -> [{key, request, expires_at, provided, value}]
 // Counters a test (or a curious person) can read: both must stay 0.
 window.__demo = { duplicates: 0, gaps: 0, resumed: {} };
 
@@ -44,6 +49,8 @@ function switchTo(u, c) {
   $("#user").value = u; $("#conversation").value = c;
   for (const es of streams.values()) es.close();
   streams.clear();
+  toolsOf.clear();
+  approvalsOf.clear();
   $("#turns").replaceChildren();
   $("#notes").replaceChildren();
   setTaken(false);
@@ -68,10 +75,10 @@ async function api(method, path, body, headers = {}) {
 
 function showError(msg) { $("#error").textContent = msg || ""; }
 
-// Stop is for turns that are running or queued: with none, it is disabled.
+// Stop is for turns that are running, queued or waiting: with none, it is disabled.
 function updateStop() {
   $("#stop").disabled = ![...document.querySelectorAll(".turn .status")]
-    .some((s) => s.textContent === "running" || s.textContent === "queued");
+    .some((s) => ACTIVE.has(s.textContent));
 }
 
 // Another user's conversation: said at once (the API answers 403), and Send is disabled.
@@ -84,8 +91,11 @@ function setTaken(taken) {
 // -- per-run state kept across reloads ---------------------------------------------------
 const key = (runId) => "runrow.demo.run." + runId;
 function saved(runId) {
-  try { return JSON.parse(sessionStorage.getItem(key(runId))) || { seq: 0, text: "", tools: [] }; }
-  catch { return { seq: 0, text: "", tools: [] }; }
+  let s = null;
+  try { s = JSON.parse(sessionStorage.getItem(key(runId))); } catch { s = null; }
+  s = s || { seq: 0, text: "", tools: [] };
+  s.approvals = s.approvals || [];
+  return s;
 }
 function save(runId, s) { sessionStorage.setItem(key(runId), JSON.stringify(s)); }
 
@@ -97,7 +107,7 @@ function turnEl(runId) {
   el.className = "turn";
   el.dataset.runId = runId;
   el.innerHTML = `<div class="head"><div class="user"></div><span class="status"></span></div>
-    <div class="tools"></div><div class="answer"></div><div class="error" hidden></div><div class="meta"></div>`;
+    <div class="tools"></div><div class="approvals"></div><div class="answer"></div><div class="error" hidden></div><div class="meta"></div>`;
   el.querySelector(".meta").textContent = "run " + runId;
   $("#turns").appendChild(el);
   $("#empty").hidden = true;
@@ -111,8 +121,11 @@ function setStatus(runId, status) {
   badge.className = "status " + status;
   updateStop();
   if (status === "queued") watchPosition(runId);
-  else showPosition(runId, null);
+  else showPosition(runId, status === "waiting" ? "waiting for your approval" : null);
+  renderTools(runId);
+  renderApprovals(runId);
 }
+const statusOf = (runId) => turnEl(runId).querySelector(".status").textContent;
 
 // "you're #3": a queued turn's place in line, refreshed until it starts.
 const watching = new Set();
@@ -136,18 +149,109 @@ async function watchPosition(runId) {
     }
   } finally {
     watching.delete(runId);
-    if (turnEl(runId).querySelector(".status").textContent !== "queued") showPosition(runId, null);
+    const status = statusOf(runId);
+    if (status !== "queued") showPosition(runId, status === "waiting" ? "waiting for your approval" : null);
   }
 }
 
 // Tool events use runrow's vocabulary: tool_call_started / tool_call_finished with
 // tool_call_id and name. A reaped run's complete event lists the calls that never
 // finished (uncertain_tool_calls): their side effect may or may not have happened.
+// A call that waits for approval runs only once approved: until then it did not happen.
 function renderTools(runId, tools) {
-  turnEl(runId).querySelector(".tools").textContent = (tools || []).map((t) =>
-    t.result ? `✓ ${t.name}(${JSON.stringify(t.arguments)}) → ${JSON.stringify(t.result)}`
-    : t.uncertain ? `⚠ ${t.name}(${JSON.stringify(t.arguments)}): outcome unknown (the worker was lost)`
-    : `… ${t.name}(${JSON.stringify(t.arguments)})`).join("\n");
+  if (tools !== undefined) toolsOf.set(runId, tools || []);
+  const status = statusOf(runId);
+  const asks = approvalsOf.get(runId) || [];
+  turnEl(runId).querySelector(".tools").textContent = (toolsOf.get(runId) || []).map((t) => {
+    const call = `${t.name}(${JSON.stringify(t.arguments)})`;
+    const ask = asks.find((a) => a.request && a.request.tool_call_id === t.tool_call_id);
+    const denied = ask && ask.provided && !(ask.value && ask.value.approved === true);
+    if (denied) return `✗ ${call}: denied, not run`;
+    if (t.result) return `✓ ${call} → ${JSON.stringify(t.result)}`;
+    if (ask && !ask.provided) {
+      return TERMINAL.has(status) ? `✗ ${call}: not run (no approval)` : `… ${call}: waiting for your approval`;
+    }
+    if (t.uncertain) return `⚠ ${call}: outcome unknown (the worker was lost)`;
+    return `… ${call}`;
+  }).join("\n");
+}
+
+// -- approvals (human in the loop) ------------------------------------------------------
+// The agent asked: input_requested {key, request: {kind: "approval", tool, args, prompt},
+// expires_at}; the answer: input_provided {key, value: {approved}}. Both are in the
+// journal, so a reload (or a new tab, or a restarted server) draws the same card.
+function approvalRequested(list, data) {
+  const known = list.find((a) => a.key === data.key);
+  if (known) { known.request = data.request; known.expires_at = data.expires_at ?? null; return; }
+  list.push({ key: data.key, request: data.request, expires_at: data.expires_at ?? null, provided: false, value: null });
+}
+function approvalProvided(list, key, value) {
+  const a = list.find((x) => x.key === key);
+  if (a) { a.provided = true; a.value = value; }
+}
+
+function renderApprovals(runId) {
+  const box = turnEl(runId).querySelector(".approvals");
+  const status = statusOf(runId);
+  const cards = (approvalsOf.get(runId) || [])
+    .filter((a) => a.request && a.request.kind === "approval")
+    .map((a) => approvalCard(runId, a, status));
+  box.replaceChildren(...cards);
+}
+
+function approvalCard(runId, a, status) {
+  const r = a.request;
+  const card = document.createElement("div");
+  card.className = "approval";
+  card.dataset.key = a.key;
+  card.innerHTML = `<div class="prompt"></div><code class="call"></code><div class="decision"></div>`;
+  card.querySelector(".prompt").textContent = r.prompt || `Run ${r.tool}?`;
+  card.querySelector(".call").textContent = `${r.tool}(${JSON.stringify(r.args ?? {})})`;
+  const decision = card.querySelector(".decision");
+  if (a.provided) {
+    const approved = !!(a.value && a.value.approved === true);
+    card.dataset.decision = approved ? "approved" : "denied";
+    decision.textContent = approved ? "✓ approved" : "✗ denied";
+  } else if (TERMINAL.has(status)) {
+    card.dataset.decision = "none";
+    decision.textContent = status === "expired" ? "expired: nobody answered in time, so it did not run"
+      : `no answer: the run ended ${status}, so it did not run`;
+  } else {
+    card.dataset.decision = "pending";
+    const until = a.expires_at ? ` (until ${new Date(a.expires_at).toLocaleTimeString()})` : "";
+    decision.textContent = "waiting for your approval" + until;
+    const buttons = document.createElement("div");
+    buttons.className = "buttons";
+    for (const [label, approved] of [["Approve", true], ["Deny", false]]) {
+      const b = document.createElement("button");
+      b.type = "button";
+      b.className = approved ? "approve" : "deny";
+      b.textContent = label;
+      b.addEventListener("click", () => decide(runId, a.key, approved, card));
+      buttons.appendChild(b);
+    }
+    card.appendChild(buttons);
+  }
+  return card;
+}
+
+// The answer goes to POST /v1/runs/{id}/input; repeating it is harmless (recorded: false).
+async function decide(runId, inputKey, approved, card) {
+  showError("");
+  for (const b of card.querySelectorAll("button")) b.disabled = true;
+  try {
+    await api("POST", `/v1/runs/${runId}/input`, { key: inputKey, value: { approved } });
+    const st = saved(runId);
+    approvalProvided(st.approvals, inputKey, { approved });
+    save(runId, st);
+    approvalsOf.set(runId, st.approvals);
+    renderTools(runId);
+    renderApprovals(runId);
+  } catch (err) {
+    // 409: the run no longer waits for this (it expired, was stopped, or got another answer).
+    showError(err.message);
+    for (const b of card.querySelectorAll("button")) b.disabled = false;
+  }
 }
 
 // Why a turn failed (e.g. "worker_lost: the worker stopped heartbeating ..."), under its answer.
@@ -193,11 +297,15 @@ async function load() {
     } else {
       userEl.textContent = typeof turn.user_message === "string" ? turn.user_message : JSON.stringify(turn.user_message);
     }
-    setStatus(run.id, run.status);
-    showRunError(run.id, run.error);
     const s = saved(run.id);
-    // A finished turn's tool calls come with it (this tab may never have seen them stream).
-    renderTools(run.id, turn.tool_calls || s.tools);
+    // A finished turn's tool calls and approvals come with it (this tab may never have
+    // seen them stream); a live turn's are what this tab has seen so far.
+    approvalsOf.set(run.id, turn.inputs || s.approvals);
+    toolsOf.set(run.id, turn.tool_calls || s.tools);
+    setStatus(run.id, run.status);
+    renderTools(run.id);
+    renderApprovals(run.id);
+    showRunError(run.id, run.error);
     const answerEl = el.querySelector(".answer");
     if (streamedHere.has(run.id)) {
       // keep the streamed text: it is what this page received, event by event
@@ -246,6 +354,16 @@ function follow(runId) {
         refreshNotes();
         break;
       }
+      case "input_requested":
+        approvalRequested(st.approvals, data);
+        approvalsOf.set(runId, st.approvals);
+        setStatus(runId, "waiting");
+        break;
+      case "input_provided":
+        approvalProvided(st.approvals, data.key, data.value);
+        approvalsOf.set(runId, st.approvals);
+        setStatus(runId, "queued");  // until a worker picks the run up again
+        break;
       case "complete":
         for (const u of data.uncertain_tool_calls || []) {
           const t = st.tools.find((x) => x.tool_call_id === u.tool_call_id);

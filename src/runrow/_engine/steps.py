@@ -1,0 +1,260 @@
+"""Durable steps: one attempt's memoised calls, and what earlier attempts recorded.
+
+A step is identified by its key and occurrence (the n-th call with that key in the
+attempt) and has a position (its place among the attempt's step calls). A step that is
+not idempotent is marked begun before it runs; its outcome (the JSON result, or the
+error it raised) is recorded before the agent sees it. Both writes are fenced by the
+claim. A retry is a new run in the same lineage: its agent runs from the top, and each
+step an earlier attempt recorded returns (or raises) what was recorded, without running.
+"""
+
+from __future__ import annotations
+
+import collections
+import inspect
+import logging
+import sys
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import anyio
+import psycopg
+
+from .. import _json
+from .._db import statement_conn
+from .._errors import InvalidInput, LeaseLost, StepFailed, StepMismatch, StepUncertain
+from .._gateway import steps as _gw
+from .roster import Park
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from .._gateway.claims import ClaimedRun
+    from .._gateway.steps import StepRecord
+    from .context import RunHost
+    from .journal_writer import JournalWriter
+
+log = logging.getLogger("runrow.run")
+
+MAX_STEP_BYTES = 1 << 20
+"""The largest step result (JSON), or recorded error, a step may keep."""
+
+_MAX_KEY = 200
+T = TypeVar("T")
+_TRANSIENT = (psycopg.OperationalError, psycopg.InterfaceError, TimeoutError)
+
+
+class Steps:
+    """The step book of one attempt (one claimed run)."""
+
+    def __init__(self, host: RunHost, row: ClaimedRun, journal: JournalWriter | None = None) -> None:
+        self._host = host
+        self._run_id = row.id
+        self._token = row.claim_token
+        # A first attempt, never parked, has nothing to replay: no read until a retry or
+        # a resumed run needs one.
+        replays = row.lineage_id is not None or row.resumes > 0
+        self._loaded: dict[tuple[str, int], StepRecord] | None = None if replays else {}
+        # A resumed run replays what it journaled before it parked: its journal stays
+        # muted until the replay passes the input it parked on (the resume point).
+        self._journal = journal
+        self._resume_at: int | None = None
+        if row.resumes > 0 and journal is not None:
+            journal.muted = True
+        self._by_position: dict[int, StepRecord] = {}
+        self._loading: anyio.Lock = anyio.Lock()
+        self._occurrences: collections.Counter[str] = collections.Counter()
+        self._next_position = 0
+        self._in_flight: set[str] = set()
+
+    async def run(
+        self,
+        key: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        idempotent: bool,
+    ) -> Any:
+        _json.check_id(key, "key", max_len=_MAX_KEY)
+        if not callable(fn):
+            raise InvalidInput("fn", "must be callable")
+        if not isinstance(idempotent, bool):
+            raise InvalidInput("idempotent", "must be True or False")
+        if key in self._in_flight:
+            # Two calls of one key at once would be numbered in whatever order they
+            # arrived, and a replay could hand each the other's result.
+            raise InvalidInput(
+                "key",
+                f"step {key!r} is already running in this turn; concurrent steps need keys of their own",
+            )
+        # Numbered before the first await: concurrent steps take their call order.
+        position, occurrence = self._next_position, self._occurrences[key]
+        self._next_position += 1
+        self._occurrences[key] += 1
+        self._in_flight.add(key)
+        try:
+            return await self._step(key, occurrence, position, fn, args, kwargs, idempotent)
+        finally:
+            self._in_flight.discard(key)
+
+    async def _step(
+        self,
+        key: str,
+        occurrence: int,
+        position: int,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        idempotent: bool,
+    ) -> Any:
+        prior = await self._replayed(key, occurrence, position)
+        if prior is not None and prior.input:
+            raise StepMismatch(self._run_id, position, key, f"{prior.key} (an input, not a step)")
+        if prior is not None:
+            if prior.status == "recorded":
+                return prior.result
+            if prior.status == "failed":
+                assert prior.error is not None
+                raise _rebuilt(key, prior.error)
+            if not idempotent:
+                raise StepUncertain(self._run_id, key, occurrence)
+        where = {"key": key, "occurrence": occurrence, "position": position}
+        if not idempotent:
+            await self._write(_gw.start, **where)
+        try:
+            value = fn(*args, **kwargs)
+            if inspect.isawaitable(value):
+                value = await value
+            text = _json.dumps(value, f"step {key!r} result", MAX_STEP_BYTES)
+        except Exception as exc:
+            if idempotent:
+                raise  # not recorded: a retry calls it again (it may succeed then)
+            # Recorded like a result: its effect may have happened, so a replay raises
+            # the error again instead of calling a second time.
+            error = {
+                **_json.error_of(exc, 64 * 1024),
+                "type": type(exc).__qualname__,
+                "module": type(exc).__module__,
+            }
+            body = _json.dumps(error, "step error")
+            await self._write(_gw.record, **where, idempotent=idempotent, result=None, error=body)
+            raise
+        recorded = await self._write(_gw.record, **where, idempotent=idempotent, result=text, error=None)
+        return recorded.result  # as the database keeps it: what a replay returns too
+
+    async def _replayed(self, key: str, occurrence: int, position: int) -> StepRecord | None:
+        """What an earlier attempt left for this call (None: nothing), or StepMismatch."""
+        loaded = self._loaded
+        if loaded is None:
+            async with self._loading:
+                if self._loaded is None:
+                    await self._load()
+            loaded = self._loaded
+            assert loaded is not None
+        if not loaded:
+            return None
+        there = self._by_position.get(position)
+        prior = loaded.get((key, occurrence))
+        if there is not None and there is not prior:
+            raise StepMismatch(self._run_id, position, key, there.key)
+        if prior is not None and there is None:
+            raise StepMismatch(self._run_id, position, key, None)
+        return prior
+
+    async def _load(self) -> None:
+        records = await self._retrying(lambda conn, schema: _gw.load(conn, schema, run_id=self._run_id))
+        self._by_position = {r.position: r for r in records}
+        self._loaded = {(r.key, r.occurrence): r for r in records}
+        answered = [
+            r.position for r in records if r.input and r.run_id == self._run_id and r.status == "recorded"
+        ]
+        self._resume_at = max(answered, default=None)
+        if self._resume_at is None:
+            self._unmute()
+
+    def _unmute(self) -> None:
+        if self._journal is not None:
+            self._journal.muted = False
+
+    async def wait(self, key: str, request: Any, timeout: float | None) -> Any:
+        """An input a person records (``RunContext.wait_for_input``): its value if it was
+        provided; else the input is marked waiting and the run parks (this never
+        returns then: the agent is cancelled)."""
+        _json.check_id(key, "key", max_len=_MAX_KEY)
+        text = _json.dumps(request, "request", self._host.settings.max_event_bytes)
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout < 1e9
+        ):
+            raise InvalidInput("timeout", "must be None or a positive number of seconds")
+        if self._occurrences[key]:
+            # One key, one question: provide_input names the wait by its key, so a
+            # client's repeated answer can never become the answer to a later question.
+            raise InvalidInput(
+                "key", f"{key!r} was already used in this turn; each wait needs a key of its own"
+            )
+        # (Its key is then taken for the turn: no second call, concurrent or later, has it.)
+        position = self._next_position
+        self._next_position += 1
+        self._occurrences[key] += 1
+        prior = await self._replayed(key, 0, position)
+        if prior is not None and not prior.input:
+            raise StepMismatch(self._run_id, position, key, f"{prior.key} (a step, not an input)")
+        if prior is not None and prior.status == "recorded":
+            if position == self._resume_at:
+                self._unmute()  # the replay has reached where the run paused
+            return prior.result
+        await self._write(_gw.wait, key=key, occurrence=0, position=position, request=text)
+        self._host.park(self._run_id, Park(key, request, timeout))
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable: a parked run's agent is cancelled")  # pragma: no cover
+
+    async def _write(self, statement: Callable[..., Awaitable[T | None]], **params: Any) -> T:
+        """A fenced step write; what it returned. Shielded: a stop cutting it short would
+        leave the step's state unknown to this attempt; the stop lands at the agent's
+        next await."""
+        with anyio.CancelScope(shield=True):
+            done = await self._retrying(
+                lambda conn, schema: statement(
+                    conn, schema, run_id=self._run_id, claim_token=self._token, **params
+                )
+            )
+        if done is None or done is False:
+            self._host.lost(self._run_id)
+            raise LeaseLost(self._run_id)
+        return done  # type: ignore[no-any-return]
+
+    async def _retrying(self, call: Callable[[Any, str], Awaitable[Any]]) -> Any:
+        """Runs ``call`` on a pooled connection, sending it again after a transient
+        failure (every step statement is safe to repeat) for up to half the lease."""
+        settings = self._host.settings
+        deadline = anyio.current_time() + settings.lease / 2
+        delay = 0.05
+        while True:
+            try:
+                with anyio.fail_after(max(deadline - anyio.current_time(), delay)):
+                    async with statement_conn(self._host.pool()) as conn:
+                        return await call(conn, settings.schema)
+            except _TRANSIENT:
+                if anyio.current_time() + delay > deadline:
+                    raise
+                self._host.db_trouble()
+                log.info("step write of run %s failed; sending it again", self._run_id)
+            await anyio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+
+def _rebuilt(key: str, error: dict[str, Any]) -> Exception:
+    """The error a step raised, rebuilt from its record: the same type and message when
+    the type is loaded here and takes its message back, else :class:`StepFailed`."""
+    message, type_name = str(error.get("message", "")), str(error.get("type", "Exception"))
+    # Only from modules already imported: a replay never imports code.
+    target: Any = sys.modules.get(str(error.get("module", "")))
+    for part in type_name.split("."):
+        target = getattr(target, part, None)
+    if isinstance(target, type) and issubclass(target, Exception):
+        try:
+            exc = target(message)
+        except Exception:
+            exc = None
+        if exc is not None and str(exc) == message:
+            return exc
+    return StepFailed(key, type_name, message)

@@ -1,0 +1,1 @@
+"""runrow's management commands: ``runrow_migrate`` and ``runrow_worker``."""

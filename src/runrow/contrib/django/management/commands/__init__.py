@@ -1,0 +1,1 @@
+"""The commands themselves (Django finds them here)."""

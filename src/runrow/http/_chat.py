@@ -1,0 +1,221 @@
+"""The frontends' own chat endpoints: the AI SDK's (``useChat``'s default transport and its
+resume) and AG-UI's (``HttpAgent``).
+
+Each takes the protocol's request, enqueues its last user message as a turn of the
+conversation the protocol names (the AI SDK's chat ``id``, AG-UI's ``threadId``), and
+answers with that run's stream in the protocol's format. The message's id (AI SDK) or
+the run's id (AG-UI) is the idempotency key, so a client's retry of the same request
+streams the same run instead of queueing a second turn.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from starlette.responses import Response
+
+import runrow
+
+from ..protocols import Cursor
+from . import _streams
+from ._base import Endpoints, checked_conversation_id
+from ._errors import ApiError
+from ._openapi import Doc, documented, error
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
+
+__all__ = ["ChatEndpoints"]
+
+MAX_CLIENT_ID = 200
+MAX_QUEUED_SCAN = 1000  # past this many queued turns, the oldest of the newest 1000
+_STREAM = {
+    "description": "The run's stream in the protocol's format (header `x-runrow-run-id` names the run)",
+    "content": {"text/event-stream": {"schema": {"type": "string"}}},
+}
+_COMMON = {
+    "400": error("Malformed body or ids"),
+    "401": error("`unauthorized`: authenticate() found no user"),
+    "403": error("`forbidden`: the conversation belongs to another user"),
+    "413": error("`too_large`: the body (the whole history) or the last message is over its limit"),
+    "422": error("The last message is not the user's, or has no text"),
+    "429": error("Too many turns already waiting in this conversation (see Retry-After)"),
+}
+
+
+def _text_of(content: Any) -> str:
+    """The text of a message's content: a string, or a list of parts of type ``text``."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            p["text"]
+            for p in content
+            if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+        )
+    return ""
+
+
+def _last_user_message(messages: Any) -> tuple[str | None, str]:
+    """The id and text of the last message, which must be the user's; 422 otherwise.
+
+    Each user message is answered once. A request whose last message is the assistant's
+    or a tool's (a client re-running after a tool result) would otherwise enqueue the
+    previous question again as a new turn.
+    """
+    if not isinstance(messages, list):
+        raise ApiError(422, "invalid_input", "messages must be a list")
+    last = messages[-1] if messages else None
+    if not isinstance(last, dict) or last.get("role") != "user":
+        raise ApiError(422, "invalid_input", "the last message must be the user's: each one is answered once")
+    text = _text_of(last.get("parts", last.get("content")))
+    if not text.strip():
+        raise ApiError(422, "invalid_input", "the last user message must have some text")
+    mid = last.get("id")
+    return (mid if isinstance(mid, str) and 0 < len(mid) <= MAX_CLIENT_ID else None), text
+
+
+class ChatEndpoints:
+    """The AI SDK's and AG-UI's endpoints, on the same state as the rest of the API."""
+
+    def __init__(self, api: Endpoints) -> None:
+        self.api = api
+
+    async def _active_run(self, cid: str) -> runrow.RunInfo | None:
+        """The run streaming for ``cid``: the running or waiting one (at most one: the
+        schema lets a conversation have one turn at a time), else the next queued."""
+        api = self.api
+        for status in ("running", "waiting"):
+            runs = await runrow.list_runs(
+                api.pool, conversation_id=cid, status=status, limit=1, schema=api.schema
+            )
+            if runs:
+                return runs[0]
+        queued = await runrow.list_runs(
+            api.pool, conversation_id=cid, status="queued", limit=MAX_QUEUED_SCAN, schema=api.schema
+        )
+        return queued[-1] if queued else None  # newest first: the last is the next to run
+
+    async def _start(self, request: Request, fmt: str, cid: str, text: str, key: str | None) -> Response:
+        api = self.api
+        user = await api.user(request)
+        async with api.pool.connection() as conn, conn.transaction():
+            run = await api.submit(conn, user, cid, text, key)
+        info = await runrow.get_run(api.pool, run.id, schema=api.schema)
+        response = await _streams.stream_run(
+            api.pool, info, fmt=fmt, cursor=Cursor(0), hub=api.hub, keepalive=api.keepalive, schema=api.schema
+        )
+        response.headers["x-runrow-run-id"] = str(run.id)
+        return response
+
+    @documented(
+        Doc(
+            summary="AI SDK: send the chat's last user message and stream the answer",
+            description=(
+                "The endpoint `useChat`'s DefaultChatTransport posts to: `{id, messages, trigger}`. "
+                "`id` is the conversation; the last user message's text is enqueued (its `id` is "
+                "the idempotency key) and the run streams as the UI message stream v1."
+            ),
+            tags=("ai-sdk",),
+            body={
+                "type": "object",
+                "required": ["id", "messages"],
+                "properties": {
+                    "id": {"type": "string"},
+                    "messages": {"type": "array", "items": {"type": "object"}},
+                    "trigger": {"enum": ["submit-message"]},
+                },
+            },
+            responses={"200": _STREAM, **_COMMON},
+        )
+    )
+    async def ai_sdk_chat(self, request: Request) -> Response:
+        await self.api.user(request)  # 401 before the body is read
+        data = await self.api.json_body(request, self.api.max_chat_body_bytes)
+        cid = checked_conversation_id(data.get("id"))
+        trigger = data.get("trigger", "submit-message")
+        if trigger != "submit-message":
+            raise ApiError(
+                422,
+                "unsupported_trigger",
+                "only submit-message: retry a run with POST /v1/runs/{run_id}/retry",
+            )
+        mid, text = _last_user_message(data.get("messages"))
+        # The message's id, per conversation: a transport's retry finds the same run.
+        return await self._start(request, "ai-sdk", cid, text, None if mid is None else f"ai-sdk:{cid}:{mid}")
+
+    @documented(
+        Doc(
+            summary="AI SDK: reattach to the chat's active stream",
+            description=(
+                "What DefaultChatTransport's `reconnectToStream` asks for: the stream of the "
+                "conversation's active run (the one running or waiting, else the first queued), "
+                "from its start. 204 when no run is active."
+            ),
+            tags=("ai-sdk",),
+            responses={
+                "200": _STREAM,
+                "204": {"description": "Nothing is active in this conversation"},
+                "401": _COMMON["401"],
+                "403": _COMMON["403"],
+            },
+        )
+    )
+    async def ai_sdk_resume(self, request: Request) -> Response:
+        api = self.api
+        user = await api.user(request)
+        cid = api.conversation_id(request, "chat_id")
+        if await api.own_conversation(cid, user) is None:
+            return _no_content()
+        info = await self._active_run(cid)
+        if info is None:
+            return _no_content()
+        response = await _streams.stream_run(
+            api.pool,
+            info,
+            fmt="ai-sdk",
+            cursor=Cursor(0),
+            hub=api.hub,
+            keepalive=api.keepalive,
+            schema=api.schema,
+        )
+        response.headers["x-runrow-run-id"] = str(info.id)
+        return response
+
+    @documented(
+        Doc(
+            summary="AG-UI: run the agent on the thread's last user message and stream its events",
+            description=(
+                "The endpoint an AG-UI `HttpAgent` posts its `RunAgentInput` to. `threadId` is the "
+                "conversation; the last user message is enqueued (`runId` is the idempotency key) "
+                "and the run streams as AG-UI events."
+            ),
+            tags=("ag-ui",),
+            body={
+                "type": "object",
+                "required": ["threadId", "runId", "messages"],
+                "properties": {
+                    "threadId": {"type": "string"},
+                    "runId": {"type": "string"},
+                    "messages": {"type": "array", "items": {"type": "object"}},
+                },
+            },
+            responses={"200": _STREAM, **_COMMON},
+        )
+    )
+    async def ag_ui_run(self, request: Request) -> Response:
+        await self.api.user(request)  # 401 before the body is read
+        data = await self.api.json_body(request, self.api.max_chat_body_bytes)
+        cid = checked_conversation_id(data.get("threadId"))
+        client_run = data.get("runId")
+        if not isinstance(client_run, str) or not 0 < len(client_run) <= MAX_CLIENT_ID:
+            raise ApiError(400, "bad_run_id", f"runId must be a string of 1-{MAX_CLIENT_ID} characters")
+        mid, text = _last_user_message(data.get("messages"))
+        # The user message's id when it has one (a new run of the same question is the
+        # same turn), else the client's run id.
+        key = f"ag-ui:{cid}:message:{mid}" if mid is not None else f"ag-ui:{cid}:run:{client_run}"
+        return await self._start(request, "ag-ui", cid, text, key)
+
+
+def _no_content() -> Response:
+    return Response(status_code=204, headers={"Cache-Control": "no-store"})

@@ -1,0 +1,241 @@
+"""runrow's API for synchronous hosts (Django, Flask, any WSGI app, scripts).
+
+``from runrow import sync`` then ``sync.enqueue(conn, ...)``: the same functions as the
+asynchronous API, with the same arguments, checks, SQL, results and typed errors, on a
+synchronous ``psycopg.Connection``, a ``psycopg_pool.ConnectionPool`` or a conninfo
+string. Given a connection inside a transaction, a call joins it, as the async API does:
+``sync.enqueue`` in the host's open transaction commits (and sends its wake NOTIFY) with
+the host's own writes, or rolls back with them and leaves nothing.
+
+Each function runs the very operation its async twin runs (see ``runrow/_ops.py``):
+the rules exist once, and only the executor differs. ``sync.tail`` polls (a synchronous
+host has no notification hub); it resumes from a cursor, as :func:`runrow.tail` does.
+Workers (:class:`runrow.Dispatcher`) stay asynchronous.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg import Connection
+from psycopg_pool import ConnectionPool
+
+from . import _enqueue, _inputs, _queries, _stop, _syncdb, _tenants
+from ._db import describe
+from ._enqueue import DEFAULT_MAX_CONTENT_BYTES, OnBusy
+from ._events import KEEPALIVE, TERMINAL_EVENT, Event
+from ._gateway._exec import configure_own_sync, run_sync
+from ._names import DEFAULT_SCHEMA
+from ._tail import check_tail, read_plan, settle
+
+if TYPE_CHECKING:
+    import uuid
+    from collections.abc import Iterator
+    from datetime import datetime, timedelta
+
+    from ._gateway.inputs import PendingInput
+    from ._models import QueuePosition, Run, RunInfo, StopResult
+    from ._syncdb import SyncDatabase
+
+__all__ = [
+    "cancel_run",
+    "enqueue",
+    "get_run",
+    "provide_input",
+    "queue_position",
+    "retry_run",
+    "stop_conversation",
+    "tail",
+    "waiting_inputs",
+]
+
+log = logging.getLogger("runrow.journal")
+
+
+def enqueue(
+    db: SyncDatabase,
+    *,
+    conversation_id: str,
+    user_id: str,
+    content: Any,
+    tenant_id: str | None = None,
+    idempotency_key: str | None = None,
+    request: Any = None,
+    priority: int = 0,
+    not_before: datetime | timedelta | None = None,
+    deadline: datetime | timedelta | None = None,
+    on_busy: OnBusy = "enqueue",
+    max_queued_per_tenant: int | None = None,
+    max_queued_per_conversation: int | None = None,
+    schema: str = DEFAULT_SCHEMA,
+    max_content_bytes: int = DEFAULT_MAX_CONTENT_BYTES,
+) -> Run:
+    """:func:`runrow.enqueue` on a synchronous connection, pool or conninfo.
+
+    Given a ``Connection`` inside a transaction, the message, the run, its first events
+    and the wake commit with the caller's writes or roll back with them.
+    """
+    return _syncdb.perform(
+        db,
+        schema,
+        _enqueue.enqueue_op(
+            conversation_id=conversation_id,
+            user_id=user_id,
+            content=content,
+            tenant_id=tenant_id,
+            idempotency_key=idempotency_key,
+            request=request,
+            priority=priority,
+            not_before=not_before,
+            deadline=deadline,
+            on_busy=on_busy,
+            max_queued_per_tenant=max_queued_per_tenant,
+            max_queued_per_conversation=max_queued_per_conversation,
+            schema=schema,
+            max_content_bytes=max_content_bytes,
+        ),
+    )
+
+
+def retry_run(db: SyncDatabase, run_id: uuid.UUID | str, *, schema: str = DEFAULT_SCHEMA) -> Run:
+    """:func:`runrow.retry_run` on a synchronous connection, pool or conninfo."""
+    return _syncdb.perform(db, schema, _enqueue.retry_run_op(run_id, schema=schema))
+
+
+def cancel_run(db: SyncDatabase, run_id: uuid.UUID | str, *, schema: str = DEFAULT_SCHEMA) -> StopResult:
+    """:func:`runrow.cancel_run` on a synchronous connection, pool or conninfo."""
+    return _syncdb.perform(db, schema, _stop.cancel_run_op(run_id, schema=schema))
+
+
+def stop_conversation(db: SyncDatabase, conversation_id: str, *, schema: str = DEFAULT_SCHEMA) -> StopResult:
+    """:func:`runrow.stop_conversation` on a synchronous connection, pool or conninfo."""
+    return _syncdb.perform(db, schema, _stop.stop_conversation_op(conversation_id, schema=schema))
+
+
+def provide_input(
+    db: SyncDatabase, run_id: uuid.UUID | str, key: str, value: Any, *, schema: str = DEFAULT_SCHEMA
+) -> bool:
+    """:func:`runrow.provide_input` on a synchronous connection, pool or conninfo."""
+    return _syncdb.perform(db, schema, _inputs.provide_input_op(run_id, key, value, schema=schema))
+
+
+def waiting_inputs(
+    db: SyncDatabase,
+    *,
+    run_id: uuid.UUID | str | None = None,
+    conversation_id: str | None = None,
+    limit: int = 100,
+    schema: str = DEFAULT_SCHEMA,
+) -> list[PendingInput]:
+    """:func:`runrow.waiting_inputs` on a synchronous connection, pool or conninfo."""
+    return _syncdb.perform(
+        db,
+        schema,
+        _inputs.waiting_inputs_op(run_id=run_id, conversation_id=conversation_id, limit=limit, schema=schema),
+    )
+
+
+def get_run(db: SyncDatabase, run_id: uuid.UUID | str, *, schema: str = DEFAULT_SCHEMA) -> RunInfo:
+    """:func:`runrow.get_run` on a synchronous connection, pool or conninfo."""
+    return _syncdb.perform(db, schema, _queries.get_run_op(run_id, schema=schema))
+
+
+def queue_position(
+    db: SyncDatabase,
+    run_id: uuid.UUID | str,
+    *,
+    now: datetime | None = None,
+    schema: str = DEFAULT_SCHEMA,
+) -> QueuePosition:
+    """:func:`runrow.queue_position` on a synchronous connection, pool or conninfo."""
+    return _syncdb.perform(db, schema, _tenants.queue_position_op(run_id, now=now, schema=schema))
+
+
+def tail(
+    db: SyncDatabase,
+    run_id: uuid.UUID | str,
+    *,
+    from_seq: int = 0,
+    keepalive: float = 15.0,
+    poll: float = 0.5,
+    schema: str = DEFAULT_SCHEMA,
+    batch: int = 500,
+    prepared_statements: bool = True,
+) -> Iterator[Event]:
+    """Yields the run's events after ``from_seq`` until its terminal event, polling.
+
+    :func:`runrow.tail` for a synchronous host (an SSE response of a WSGI app): the same
+    reads, cursor and endings, without a notification hub. It reads every ``poll``
+    seconds while there is nothing new, yields a keepalive after ``keepalive`` idle
+    seconds, and waits out a database that cannot be reached. Pass the last ``seq``
+    seen back as ``from_seq`` (an SSE ``Last-Event-ID``) to resume with no gap and no
+    duplicate. Its arguments are checked at the call (before a response starts), not at
+    the first event. Given a conninfo string it keeps one connection of its own
+    (``prepared_statements=False`` for a transaction-pooling pgbouncer); with a pool it
+    takes a connection per read and holds none while it waits.
+    """
+    rid = check_tail(run_id, from_seq=from_seq, keepalive=keepalive, poll=poll, schema=schema)
+    return _tail(db, rid, from_seq, keepalive, poll, schema, batch, prepared_statements)
+
+
+def _tail(
+    db: SyncDatabase,
+    rid: uuid.UUID,
+    from_seq: int,
+    keepalive: float,
+    poll: float,
+    schema: str,
+    batch: int,
+    prepared_statements: bool,
+) -> Iterator[Event]:
+    """The tail's loop (its arguments checked)."""
+    cursor, backoff, idle_since = from_seq, poll, time.monotonic()
+    own: Connection[Any] | None = None
+    try:
+        while True:
+            try:
+                if isinstance(db, str) and (own is None or own.closed):
+                    own = Connection.connect(
+                        db, autocommit=True, prepare_threshold=5 if prepared_statements else None
+                    )
+                    if prepared_statements:  # a direct connection (see configure_own)
+                        configure_own_sync(own)
+                with _syncdb.schema_guard(db, schema), _syncdb.statement_conn(own or db) as conn:
+                    rows, state = run_sync(conn, read_plan(schema, rid, cursor, batch))
+                backoff = poll
+            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                # As the async tail: wait the database out, reconnecting as needed.
+                log.info(
+                    "tail of run %s cannot read (%s); retrying",
+                    rid,
+                    describe(exc),
+                    extra={"run_id": str(rid)},
+                )
+                if own is not None:
+                    own.close()
+                if isinstance(db, ConnectionPool):
+                    db.check()  # weed out the pool's dead connections
+                rows, state, backoff = [], None, min(backoff * 2, keepalive)
+            for event in rows:
+                cursor = event.seq
+                yield event
+                if event.type == TERMINAL_EVENT:
+                    return
+            now = time.monotonic()
+            if rows:
+                idle_since = now
+                if len(rows) == batch:
+                    continue
+            elif state is not None and (ending := settle(state, cursor, rid)) is not None:
+                yield from ending
+                return
+            if now - idle_since >= keepalive:
+                yield Event(cursor, KEEPALIVE)
+                idle_since = now
+            time.sleep(min(backoff, max(0.0, idle_since + keepalive - now)))
+    finally:
+        if own is not None:
+            own.close()

@@ -1,0 +1,261 @@
+"""Helpers for testing an agent against a real database: run it, read what it did.
+
+* ``run_agent`` runs one agent on one message in this process (no worker process): it
+  enqueues the turn, runs a short-lived :class:`~runrow.Dispatcher` until the run ends,
+  and returns an ``AgentResult``: the run's final row, its journal (every event, in
+  order) and the conversation's transcript.
+* ``ScriptedModel`` stands in for a model client: each call to its ``stream`` plays the
+  next scripted response, chunk by chunk (text deltas, ``ToolCall`` objects, or any
+  object you script).
+* ``create_test_schema`` and ``drop_test_schema`` make and remove a freshly migrated
+  schema with a random name, so tests do not share state.
+
+The pytest plugin (``runrow.pytest_plugin``) wraps these in fixtures. This module does
+not import pytest: the helpers work from any test runner, or a script.
+"""
+
+from __future__ import annotations
+
+import copy
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.lowlevel
+from psycopg import AsyncConnection
+
+from ._engine.dispatcher import Dispatcher
+from ._enqueue import enqueue
+from ._errors import InvalidInput
+from ._events import CONTENT_DELTA, Event
+from ._gateway import schema as _schema
+from ._migrate import migrate
+from ._names import DEFAULT_SCHEMA
+from ._queries import get_run, transcript
+from ._tail import tail
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Sequence
+
+    from ._engine.context import Agent
+    from ._models import Message, RunInfo, RunStatus
+
+__all__ = [
+    "TEST_SCHEMA_PREFIX",
+    "AgentResult",
+    "ScriptExhausted",
+    "ScriptedModel",
+    "ToolCall",
+    "create_test_schema",
+    "drop_test_schema",
+    "run_agent",
+]
+
+TEST_SCHEMA_PREFIX = "runrow_test_"
+"""Every schema :func:`~runrow.testing.create_test_schema` makes starts so;
+:func:`~runrow.testing.drop_test_schema` drops no other."""
+
+
+# -- schemas -----------------------------------------------------------------------------
+
+
+async def create_test_schema(db: str) -> str:
+    """Creates a schema with a fresh random name, migrates it, and returns its name."""
+    name = f"{TEST_SCHEMA_PREFIX}{uuid.uuid4().hex[:12]}"
+    await migrate(db, schema=name)
+    return name
+
+
+async def drop_test_schema(db: str, schema: str) -> None:
+    """Drops a schema made by :func:`~runrow.testing.create_test_schema`, with everything in it.
+
+    Raises :class:`~runrow.InvalidInput` for a name that does not start with
+    :data:`~runrow.testing.TEST_SCHEMA_PREFIX`: this helper never drops a schema it did not make.
+    """
+    if not schema.startswith(TEST_SCHEMA_PREFIX):
+        raise InvalidInput("schema", f"drop_test_schema drops only schemas named {TEST_SCHEMA_PREFIX}...")
+    async with await AsyncConnection.connect(db, autocommit=True) as conn:
+        await _schema.drop(conn, schema)
+
+
+# -- running one turn --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AgentResult:
+    """What one run of an agent left in the database (see
+    :func:`~runrow.testing.run_agent`)."""
+
+    run: RunInfo
+    """The run's row once it ended (``status``, ``error``, timestamps, ...)."""
+    events: list[Event]
+    """The run's journal, in ``seq`` order: ``user_message_created`` and ``run_queued``
+    (written by the enqueue), what the agent emitted, and the terminal ``complete``."""
+    transcript: list[Message]
+    """The conversation's durable transcript (all its turns so far), in turn order."""
+
+    @property
+    def status(self) -> RunStatus:
+        """How the run ended: ``completed``, ``failed`` or ``cancelled``."""
+        return self.run.status
+
+    @property
+    def error(self) -> dict[str, Any] | None:
+        """A failed run's error (``{"type": ..., "message": ...}``), else None."""
+        return self.run.error
+
+    @property
+    def event_types(self) -> list[str]:
+        """The journal's event types, in order."""
+        return [e.type for e in self.events]
+
+    @property
+    def text(self) -> str:
+        """The text the agent streamed on the default stream (all its ``content_delta``
+        events without a ``stream`` key, joined)."""
+        return "".join(
+            e.payload["delta"] for e in self.events if e.type == CONTENT_DELTA and "stream" not in e.payload
+        )
+
+    def payloads(self, event_type: str) -> list[dict[str, Any]]:
+        """The payloads of the journal's events of one type, in order."""
+        return [e.payload for e in self.events if e.type == event_type]
+
+
+async def run_agent(
+    db: str,
+    agent: Agent,
+    content: Any,
+    *,
+    schema: str = DEFAULT_SCHEMA,
+    conversation_id: str | None = None,
+    user_id: str = "test-user",
+    tenant_id: str | None = None,
+    request: Any = None,
+    timeout: float = 30.0,
+    **dispatcher_options: Any,
+) -> AgentResult:
+    """Runs ``agent`` on one user message, in this process, and returns what it left.
+
+    It starts a :class:`~runrow.Dispatcher` (one slot) on ``schema``, enqueues
+    ``content`` as a turn of ``conversation_id`` (default: a new conversation; pass an
+    earlier result's ``run.conversation_id`` for a follow-up turn), reads the run's
+    journal until its terminal event, stops the dispatcher and reads the run's row and
+    the transcript. A run that fails or is cancelled is returned, not raised: check
+    :attr:`~runrow.testing.AgentResult.status` and :attr:`~runrow.testing.AgentResult.error`.
+
+    ``dispatcher_options`` go to the dispatcher. Unless given, ``flush_interval`` is 60 s,
+    so the journal does not depend on timing: consecutive text deltas become one
+    ``content_delta`` event, which ends where the agent emits any other event or writes
+    a message. Raises :class:`TimeoutError` if the run has not ended after ``timeout``
+    seconds; the agent is then cancelled, and the run ends ``failed``
+    (``worker_shutdown``), or stays ``queued`` if it was never claimed.
+    """
+    conversation = conversation_id or f"test-{uuid.uuid4().hex[:12]}"
+    options: dict[str, Any] = {"concurrency": 1, "poll": 0.5, "flush_interval": 60.0, **dispatcher_options}
+    events: list[Event] = []
+    async with Dispatcher(db, agent, schema=schema, **options) as dispatcher:
+        run = await enqueue(
+            db,
+            schema=schema,
+            conversation_id=conversation,
+            user_id=user_id,
+            content=content,
+            tenant_id=tenant_id,
+            request=request,
+        )
+        with anyio.move_on_after(timeout) as waited:
+            async for event in tail(db, run.id, schema=schema, hub=dispatcher.hub, poll=0.05):
+                if not event.keepalive:
+                    events.append(event)
+        if waited.cancelled_caught:
+            now = await get_run(db, run.id, schema=schema)
+            await dispatcher.stop(drain_timeout=0)  # cancel the agent now: no drain to wait for
+            raise TimeoutError(
+                f"run {run.id} did not end within {timeout:g}s (it was {now.status}, with "
+                f"{len(events)} journal events); pass a longer timeout= if the agent needs it"
+            )
+    return AgentResult(
+        run=await get_run(db, run.id, schema=schema),
+        events=events,
+        transcript=await transcript(db, conversation, schema=schema),
+    )
+
+
+# -- a scripted model --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A tool call in a scripted model response: the tool's ``name``, its ``arguments``
+    and the call's ``id`` (default: ``call_<name>``)."""
+
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+    id: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            object.__setattr__(self, "id", f"call_{self.name}")
+
+
+class ScriptExhausted(AssertionError):
+    """The agent asked a :class:`~runrow.testing.ScriptedModel` for more responses than
+    were scripted."""
+
+
+class ScriptedModel:
+    """A stand-in for a model client that plays scripted responses, in order.
+
+    Each positional argument is one response: a sequence of chunks. Each call to
+    :meth:`~runrow.testing.ScriptedModel.stream` plays the next response: a ``str`` chunk
+    is a text delta, a :class:`~runrow.testing.ToolCall` a tool call, and any other
+    object is yielded as it is (script your own client's chunk types if your agent
+    expects them), except an exception instance, which is raised at that point of the
+    stream (a model failing mid-answer).
+    ``delay`` (seconds) is slept before each chunk, to test a stop mid-stream.
+
+    ``requests`` records what each call was given (a deep copy of its first argument,
+    usually the messages), so a test can check what the agent sent the model; a call
+    past the script raises :class:`~runrow.testing.ScriptExhausted`.
+    """
+
+    def __init__(self, *responses: Sequence[object], delay: float = 0.0) -> None:
+        self._responses = [list(r) for r in responses]
+        self._delay = delay
+        self.requests: list[Any] = []
+        """The first argument of each ``stream`` call (deep-copied), in call order."""
+
+    @property
+    def remaining(self) -> int:
+        """How many scripted responses have not been played yet."""
+        return len(self._responses) - len(self.requests)
+
+    def stream(self, messages: Any = None, /, **options: Any) -> AsyncIterator[Any]:
+        """Plays the next scripted response as an async iterator of chunks.
+
+        ``options`` (model name, temperature, tools, ...) are accepted and ignored.
+        """
+        index = len(self.requests)
+        try:
+            recorded = copy.deepcopy(messages)
+        except Exception:  # not copyable: record the object itself
+            recorded = messages
+        self.requests.append(recorded)
+        if index >= len(self._responses):
+            raise ScriptExhausted(
+                f"the agent asked the scripted model for response {index + 1}, "
+                f"but only {len(self._responses)} were scripted"
+            )
+        return self._play(self._responses[index])
+
+    async def _play(self, chunks: list[object]) -> AsyncIterator[Any]:
+        for chunk in chunks:
+            if self._delay:
+                await anyio.sleep(self._delay)
+            else:
+                await anyio.lowlevel.checkpoint()  # a real stream yields to the loop, and so can be cancelled
+            if isinstance(chunk, BaseException):
+                raise chunk
+            yield chunk

@@ -1,0 +1,254 @@
+"""runrow.admin in a real browser: Playwright driving the system's Chromium, headless,
+against a host app (uvicorn) that mounts the admin three ways (acting, read-only, scoped
+to one tenant) next to a real Dispatcher whose agent streams slowly.
+
+Skips without Playwright or Chromium, except under CI (then it fails), as
+tests/test_demo_browser.py does, whose console/offline watch it reuses. Screenshots go
+to ``$RUNROW_ARTIFACTS/admin`` (default: the test's tmp_path).
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import psycopg
+import pytest
+from psycopg_pool import AsyncConnectionPool
+from starlette.applications import Starlette
+from starlette.routing import Mount
+
+import runrow
+from runrow.admin import AdminAccess, create_admin
+
+from .demo_support import serve_asgi
+from .test_demo_browser import Watch, watched_page
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from starlette.requests import Request
+
+pytestmark = pytest.mark.anyio
+
+WORDS = 80  # about 12 s of streaming at 0.15 s a word: long enough to watch, cancel and retry
+
+
+async def streaming_agent(run: runrow.RunContext) -> None:
+    """Streams WORDS words slowly (or fails at once on "fail"), then answers."""
+    if run.content == "fail":
+        raise RuntimeError("the tool broke")
+    await run.emit({"type": "progress", "stage": "thinking"})  # a type of the agent's own
+    for i in range(WORDS if run.content == "slow" else 3):
+        await run.text(f"word{i} ")
+        await run.flush()
+        await anyio.sleep(0.15)
+    await run.write_message("done")
+
+
+@pytest.fixture
+def artifacts(tmp_path: Path) -> Path:
+    root = os.environ.get("RUNROW_ARTIFACTS")
+    out = (Path(root) if root else tmp_path) / "admin"
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+@pytest.fixture
+async def page(watch: Watch) -> AsyncIterator[Any]:
+    async with watched_page(watch, width=1280, height=900) as p:
+        yield p
+
+
+@pytest.fixture
+def watch() -> Watch:
+    w = Watch()
+    w.allow.append("403")  # the read-only test opens a refused page on purpose
+    w.allow.append("404")  # and the tenant test another tenant's run
+    return w
+
+
+def _everyone(request: Request) -> AdminAccess:
+    return AdminAccess(can_act=True)
+
+
+def _acme(request: Request) -> AdminAccess:
+    return AdminAccess(can_act=True, tenant_id="acme")
+
+
+@asynccontextmanager
+async def serve_host(dsn: str, schema: str) -> AsyncIterator[str]:
+    """The host: its pool and hub opened in its lifespan, a Dispatcher, and three admins."""
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        dsn, min_size=1, max_size=10, open=False, kwargs={"autocommit": True}
+    )
+    hub = runrow.NotifyHub(dsn)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with AsyncExitStack() as stack:
+            await pool.open(wait=True)
+            stack.push_async_callback(pool.close)
+            await stack.enter_async_context(hub)
+            await stack.enter_async_context(
+                runrow.Dispatcher(
+                    dsn, streaming_agent, schema=schema, hub=hub, worker_id="w-browser", concurrency=4
+                )
+            )
+            yield
+
+    options: dict[str, Any] = {"schema": schema, "hub": hub}
+    app = Starlette(
+        routes=[
+            Mount("/admin", create_admin(pool, authorize=_everyone, **options)),
+            Mount("/ro", create_admin(pool, authorize=_everyone, read_only=True, **options)),
+            Mount("/acme", create_admin(pool, authorize=_acme, **options)),
+        ],
+        lifespan=lifespan,
+    )
+    async with serve_asgi(app) as base:
+        yield base
+
+
+async def _enqueue(dsn: str, schema: str, content: str, **kw: Any) -> runrow.Run:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c:
+        return await runrow.enqueue(c, schema=schema, user_id="ops", content=content, **kw)
+
+
+UNLABELLED = """() => [...document.querySelectorAll('input:not([type=hidden]), select, textarea, button')]
+    .filter(e => (e.labels ? e.labels.length === 0 : true) && !e.textContent.trim()).map(e => e.outerHTML)"""
+
+
+async def _tab_to(page: Any, selector: str, limit: int = 40) -> None:
+    """Tabs from the top of the page until ``selector`` has the focus (keyboard reachable),
+    and checks that the focused element shows a visible focus ring."""
+    await page.keyboard.press("Tab")
+    for _ in range(limit):
+        if await page.evaluate("s => document.activeElement.matches(s)", selector):
+            outline = await page.evaluate("() => getComputedStyle(document.activeElement).outlineStyle")
+            assert outline not in ("none", ""), f"{selector} has no visible focus"
+            return
+        await page.keyboard.press("Tab")
+    raise AssertionError(f"{selector} is not reachable with Tab")
+
+
+async def _journal_text(page: Any) -> str:
+    return await page.evaluate("() => document.querySelector('#journal').textContent")  # type: ignore[no-any-return]
+
+
+async def _status(page: Any) -> str:
+    return await page.evaluate("() => document.querySelector('.summary .status').textContent")  # type: ignore[no-any-return]
+
+
+async def test_list_filter_detail_live_tail_cancel_retry(
+    page: Any, dsn: str, schema: str, artifacts: Path
+) -> None:
+    async with serve_host(dsn, schema) as base:
+        quick = await _enqueue(dsn, schema, "hi", conversation_id="conv-quick", tenant_id="zeta")
+        await _enqueue(dsn, schema, "fail", conversation_id="conv-fail", tenant_id="zeta")
+        slow = await _enqueue(dsn, schema, "slow", conversation_id="conv-slow", tenant_id="acme")
+        await page.goto(f"{base}/admin/")
+        await page.wait_for_selector(".run-link")
+        await page.screenshot(path=str(artifacts / "1-list.png"), full_page=True)
+        assert len(await page.query_selector_all(".run-link")) == 3
+        assert await page.evaluate(UNLABELLED) == []  # every form control has a label
+        await _tab_to(page, "button[type=submit]")  # the filter form is keyboard-reachable
+
+        # Filter with the keyboard: the labelled field, typed into, Enter submits.
+        await page.get_by_label("Tenant").focus()
+        await page.keyboard.type("zeta")
+        await page.keyboard.press("Enter")
+        await page.wait_for_url("**/admin/?*tenant=zeta*")
+        shown = await page.eval_on_selector_all(".run-link", "els => els.map(e => e.textContent)")
+        assert str(slow.id) not in shown and str(quick.id) in shown and len(shown) == 2
+        await page.screenshot(path=str(artifacts / "2-filtered.png"), full_page=True)
+
+        # The streaming run's page: its journal grows while we watch.
+        await page.goto(f"{base}/admin/runs/{slow.id}")
+        await page.wait_for_function("() => document.querySelector('#journal').textContent.includes('word2')")
+        first = await _journal_text(page)
+        await page.wait_for_function(
+            "n => document.querySelector('#journal').textContent.length > n + 20", arg=len(first)
+        )
+        assert (await _journal_text(page)).startswith(first[: len(first) - 10])
+        assert await _status(page) == "running"
+        assert "thinking" in (await page.text_content("#journal li[data-type=progress]") or "")
+        await page.screenshot(path=str(artifacts / "3-detail-live.png"), full_page=True)
+
+        # Cancel: the action's confirmation, then the run ends cancelled and the tail says so.
+        await _tab_to(page, ".actions a")  # the action is reachable by keyboard, and Enter follows it
+        await page.keyboard.press("Enter")
+        await page.wait_for_selector("form.confirm")
+        await page.screenshot(path=str(artifacts / "4-cancel-confirm.png"), full_page=True)
+        await page.get_by_role("button", name="Cancel run").click()
+        await page.wait_for_url(f"**/admin/runs/{slow.id}")
+        await page.wait_for_function(
+            "() => document.querySelector('#live-status').textContent.includes('cancelled')"
+        )
+        assert (await runrow.get_run(dsn, slow.id, schema=schema)).status == "cancelled"
+        await page.reload()
+        assert await _status(page) == "cancelled"
+        await page.screenshot(path=str(artifacts / "5-cancelled.png"), full_page=True)
+
+        # Retry: a new attempt, whose page shows the lineage and streams again.
+        await page.get_by_role("link", name="Retry this run…").click()
+        await page.get_by_role("button", name="Retry run").click()
+        await page.wait_for_url(lambda url: "/admin/runs/" in url and str(slow.id) not in url)
+        new_id = page.url.rsplit("/", 1)[1]
+        retried = await runrow.get_run(dsn, new_id, schema=schema)
+        assert retried.retry_of == slow.id and retried.attempt == 2
+        lineage = await page.text_content("#lineage-h + table")
+        assert lineage is not None and str(slow.id) in lineage and "(this run)" in lineage
+        await page.wait_for_function("() => document.querySelector('#journal').textContent.includes('word3')")
+        await page.screenshot(path=str(artifacts / "6-retried-live.png"), full_page=True)
+
+        # Queue health and the conversation view render (a worker, the chart).
+        await page.goto(f"{base}/admin/health")
+        await page.wait_for_selector("svg.chart")
+        assert "w-browser" in (await page.text_content("main") or "")
+        await page.screenshot(path=str(artifacts / "7-health.png"), full_page=True)
+        await page.goto(f"{base}/admin/conversation?id=conv-slow")
+        assert (await page.text_content("main") or "").count("cancelled") >= 1
+        await page.screenshot(path=str(artifacts / "8-conversation.png"), full_page=True)
+
+
+async def test_read_only_mode_shows_no_action(page: Any, dsn: str, schema: str, artifacts: Path) -> None:
+    async with serve_host(dsn, schema) as base:
+        run = await _enqueue(dsn, schema, "slow", conversation_id="conv-ro")
+        await page.goto(f"{base}/ro/runs/{run.id}")
+        await page.wait_for_function("() => document.querySelector('#journal').textContent.includes('word1')")
+        assert await page.query_selector_all(".actions") == []
+        assert await page.query_selector_all("form[method=post]") == []
+        assert await page.get_by_role("link", name="Cancel this run…").count() == 0
+        assert "read-only" in (await page.text_content(".scope") or "")
+        await page.screenshot(path=str(artifacts / "ro-1-detail.png"), full_page=True)
+        await page.goto(f"{base}/ro/conversation?id=conv-ro")
+        assert await page.get_by_role("link", name="Stop the conversation…").count() == 0
+        refused = await page.goto(f"{base}/ro/runs/{run.id}/cancel")
+        assert refused is not None and refused.status == 403
+        await page.screenshot(path=str(artifacts / "ro-2-refused.png"), full_page=True)
+        assert (await runrow.get_run(dsn, run.id, schema=schema)).status == "running"
+
+
+async def test_another_tenants_data_is_hidden(page: Any, dsn: str, schema: str, artifacts: Path) -> None:
+    async with serve_host(dsn, schema) as base:
+        mine = await _enqueue(dsn, schema, "hi", conversation_id="conv-acme", tenant_id="acme")
+        theirs = await _enqueue(dsn, schema, "hi", conversation_id="conv-zeta", tenant_id="zeta")
+        await page.goto(f"{base}/acme/")
+        await page.wait_for_selector(".run-link")
+        shown = await page.eval_on_selector_all(".run-link", "els => els.map(e => e.textContent)")
+        assert shown == [str(mine.id)]
+        text = await page.text_content("main") or ""
+        assert "zeta" not in text and "conv-zeta" not in text
+        assert await page.get_by_label("Tenant").count() == 0  # no tenant filter when scoped
+        await page.screenshot(path=str(artifacts / "tenant-1-list.png"), full_page=True)
+        for path in (f"/acme/runs/{theirs.id}", "/acme/conversation?id=conv-zeta"):
+            resp = await page.goto(f"{base}{path}")
+            assert resp is not None and resp.status == 404, path
+        await page.screenshot(path=str(artifacts / "tenant-2-404.png"), full_page=True)
+        await page.goto(f"{base}/acme/health")
+        assert "zeta" not in (await page.text_content("main") or "")
+        await page.screenshot(path=str(artifacts / "tenant-3-health.png"), full_page=True)
