@@ -719,12 +719,12 @@ async def test_the_ending_writers_session_bound_never_reaches_other_statements(
         assert not kept.closed  # a healthy connection: its bound came off, it went back open
         others = []
         try:
-            for _ in range(d.pool.get_stats().get("pool_available", 0)):
-                c = await d.pool.getconn(timeout=1.0)
-                if c is kept:
-                    await d.pool.putconn(c)
-                    break
-                others.append(c)
+            # Hold every idle connection but that one (the writer may have taken others
+            # since: a refused ending is written again alone after the claim it carried).
+            taken = [await d.pool.getconn(timeout=1.0) for _ in range(d.pool.get_stats()["pool_available"])]
+            assert kept in taken
+            others = [c for c in taken if c is not kept]
+            await d.pool.putconn(kept)
             again = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content=1)
             await wait_for(lambda: is_terminal(conn, schema, again.id), what="the next ending")
         finally:

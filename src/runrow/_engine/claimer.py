@@ -4,6 +4,11 @@ Slots come before claims: a process with no free slot never claims, and one clai
 takes up to as many runs as there are free slots (at most one per conversation). It
 claims again at once after a claim that took runs, and otherwise parks until a wake-up
 (a NOTIFY on the schema's wake channel, or a run of its own ending) or the poll tick.
+
+A run that ends does not hand its slot back here: the slot rides with its ending, and
+the ending writer claims for it in the ending's own transaction (see ``ending.py``), so
+a busy worker's claims cost no commit of their own. This loop claims for the slots left
+free: at start, after an idle spell, after a claim that came back short.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ if TYPE_CHECKING:
     from .._gateway.claims import ClaimedRun
     from .._hub import NotifyHub
     from .._observe import Observers
-    from .roster import Roster
+    from .roster import ActiveRun, Roster
     from .settings import Settings
 
 log = logging.getLogger("runrow.dispatcher")
@@ -73,7 +78,7 @@ class Claimer:
                 await self._conn.release()
 
     async def _claim_until_cancelled(self) -> None:
-        roster, slots, waker = self._roster, self._roster.slots, self._roster.waker
+        slots, waker = self._roster.slots, self._roster.waker
         concurrency, poll = self._settings.concurrency, self._settings.poll
         backoff = 0.05
         while not self.stopping:
@@ -105,16 +110,46 @@ class Claimer:
                 await anyio.sleep(backoff)
                 backoff = min(backoff * 2, poll)
                 continue
-            roster.take(rows, self._settings.lease)
-            for _ in range(want - len(rows)):
-                slots.release()
-            for row in rows:
-                self._start(row)
+            self._adopt(rows, want - len(rows))
             if not rows:
                 # Nothing to claim now: park until a wake-up or the poll tick. (A claim
                 # that came back short but not empty is followed by another at once:
                 # a fair batch can be short while runs remain, e.g. after a lock race.)
                 await waker.wait(poll)
+
+    def _adopt(self, rows: list[ClaimedRun], unused: int) -> None:
+        """Makes the claimed runs this process's and starts them (no await in between:
+        nothing can run between a claim's answer and this); gives ``unused`` slots back."""
+        self._roster.take(rows, self._settings.lease)
+        for _ in range(unused):
+            self._roster.slots.release()
+        for row in rows:
+            self._start(row)
+
+    def request(self, limit: int) -> claims.ClaimRequest:
+        """This dispatcher's claim of up to ``limit`` runs."""
+        s = self._settings
+        return claims.ClaimRequest(s.claim_order, limit, s.lease, s.worker_id, s.retry_stamp)
+
+    def may_fold(self) -> bool:
+        """Whether the ending writer may claim with its endings: not once a drain began."""
+        return not self.stopping
+
+    def folded(self, riders: list[ActiveRun], rows: list[ClaimedRun], took: float) -> None:
+        """A claim made with the endings of ``riders`` came back with ``rows``: the slots
+        those runs held pass to the claimed runs; the rest are given back. Called by the
+        ending writer once the claim's transaction committed, before any of the endings'
+        callbacks (so the roster is never empty in between)."""
+        for active in riders:  # each slot now goes to a claimed run, or back below
+            active.slot_freed = True
+        self._counted(rows, took)
+        self._adopt(rows, len(riders) - len(rows))
+
+    def _counted(self, rows: list[ClaimedRun], took: float) -> None:
+        self._stats["claims"] += 1
+        self._stats["claimed"] += len(rows)
+        if self._observe and rows:
+            self._observe(lambda o: o.claimed(count=len(rows), seconds=took))
 
     async def _claim(self, limit: int) -> list[ClaimedRun]:
         t0 = _aio.now()
@@ -129,11 +164,7 @@ class Claimer:
                 worker_id=s.worker_id,
                 retry_policy=s.retry_stamp,
             )
-        self._stats["claims"] += 1
-        self._stats["claimed"] += len(rows)
-        if self._observe and rows:
-            took = _aio.now() - t0
-            self._observe(lambda o: o.claimed(count=len(rows), seconds=took))
+        self._counted(rows, _aio.now() - t0)
         return rows
 
     async def forward_wakes(self, hub: NotifyHub, *, task_status: TaskStatus[None]) -> None:

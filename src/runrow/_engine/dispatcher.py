@@ -313,6 +313,8 @@ class Dispatcher:
         parts.claimer.stopping = True
         # A claim in flight finishes and its runs start.
         await parts.services.stop("claimer", timeout=s.lease / 2 + 1)
+        with anyio.move_on_after(s.finalize_timeout + 1):  # and one made with endings
+            await parts.endings.folds_settled()
         at_start = set(roster.runs)
         with anyio.move_on_after(drain_timeout):
             await roster.wait_idle()

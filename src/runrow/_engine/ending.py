@@ -12,6 +12,16 @@ reads back whether the ending recorded is its own (counted, not lost) or another
 Every batch runs under a server-side bound that ends the statement before the first of
 its endings' budgets does: an ending given up is then dead on the server, never left
 waiting (on a row lock, say) to commit later.
+
+A run's slot rides with its ending: the batch's first attempt claims for the slots its
+endings free, in the same transaction and round trip (the claim follows the finalize,
+so it sees the endings: a conversation's next turn can be claimed with the end of the
+last). A busy worker's run then costs one commit, not two. Safe because nothing changes
+for either write: the endings become visible only when that transaction commits, as
+before; a claim that commits has its runs started here, or reaped if the answer is
+lost (at most once, as for the claim loop's own claims); a claim the server refuses
+takes the endings down with it, and they are written again alone at once. No claim goes
+with endings once a drain has begun, and the drain waits for one in flight.
 """
 
 from __future__ import annotations
@@ -23,68 +33,29 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import psycopg
 
-from .. import _json
+from .. import _aio, _json
 from .._db import HeldConnection, describe, statement_conn
 from .._errors import LeaseLost
 from .._events import INPUT_REQUESTED
 from .._gateway import endings as _endings
 from .._gateway._exec import jit_off_session
+from .ending_answer import TRANSIENT, Answer, Handed, OutOfTime
 from .groupcommit import GroupCommit, WriterStopped
 
 if TYPE_CHECKING:
+    import uuid
     from collections.abc import Callable
 
     from psycopg import AsyncConnection
     from psycopg_pool import AsyncConnectionPool
 
     from .._aio import TaskSet
+    from .._gateway.claims import ClaimedRun
+    from .claimer import Claimer
     from .roster import ActiveRun, Park, Roster
     from .settings import Settings
 
 log = logging.getLogger("runrow.dispatcher")
-
-# Failures a finalize retries: the write may or may not have landed; the fence makes a
-# second attempt safe either way (and one that matches nothing reads back whose ending
-# was recorded).
-_TRANSIENT = (psycopg.OperationalError, OSError, TimeoutError)
-
-
-class _OutOfTime(Exception):
-    def __init__(self, seconds: float) -> None:
-        super().__init__(f"no attempt landed within finalize_timeout ({seconds}s)")
-
-
-class _Answer:
-    """A run's ending is answered once (landed or not), by whichever comes first: the
-    writer, a retry, or the budget timer; later answers are ignored. ``deadline`` is
-    when the budget ends (loop time); ``sent`` is true while an attempt is with the
-    server and not yet answered."""
-
-    __slots__ = ("answered", "deadline", "done", "sent", "timer")
-
-    def __init__(self, done: Callable[[bool], None], deadline: float) -> None:
-        self.done = done
-        self.deadline = deadline
-        self.answered = False
-        self.sent = False
-        self.timer: asyncio.TimerHandle | None = None
-
-    def __call__(self, landed: bool) -> None:
-        if not self.answered:
-            self.answered = True
-            if self.timer is not None:
-                self.timer.cancel()
-            self.done(landed)
-
-
-class _Handed:
-    """An ending with the writer, and who to answer."""
-
-    __slots__ = ("answer", "ending")
-
-    def __init__(self, ending: _endings.Ending, answer: _Answer) -> None:
-        self.ending = ending
-        self.answer = answer
 
 
 class EndingWriter:
@@ -98,8 +69,15 @@ class EndingWriter:
         stats: dict[str, int],
         tasks: TaskSet,
         db_trouble: Callable[[], None],
+        claimer: Claimer | None = None,
     ) -> None:
         self._settings = settings
+        # Claims for the slots that endings free, in the endings' transaction (None: the
+        # slot is freed at the hand-over and the claim loop claims for it).
+        self._claimer = claimer
+        self._folding = 0  # batches in flight that carry a claim
+        self._settled = _aio.Event()  # set while none is
+        self._settled.set()
         self._channels = settings.channels
         self._roster = roster
         self._pool = pool
@@ -110,7 +88,7 @@ class EndingWriter:
         # Kept between batches (see HeldConnection); its session may carry the bound.
         self.conn = HeldConnection(pool, min_pool=4)
         # Bounded by finalize_timeout: no run's task waits on its write (see hand_over).
-        self._writer: GroupCommit[_Handed, bool | None] = GroupCommit(
+        self._writer: GroupCommit[Handed, bool | None] = GroupCommit(
             self._write_batch, timeout=settings.finalize_timeout
         )
 
@@ -139,6 +117,12 @@ class EndingWriter:
         unrecorded, as the reaper would find it). The run's task does not wait for it:
         the writer calls back when the batch ends, so a run costs no wake-up after its write."""
         active.finishing = True
+        # The agent is done: its slot can take the next run while the ending is written
+        # (concurrency bounds agent calls). With a claimer to fold into, the slot rides
+        # with the ending and the writer claims for it in the ending's transaction.
+        rider = active if self._claimer is not None else None
+        if rider is None:
+            self._roster.free_slot(active)
         journal = active.journal
         assert journal is not None
         terminal: dict[str, Any] = {"status": status}
@@ -157,12 +141,12 @@ class EndingWriter:
         budget = self._settings.finalize_timeout
         loop = asyncio.get_running_loop()
         deadline = loop.time() + budget
-        answer = _Answer(done, deadline)
+        answer = Answer(done, deadline)
         if park is not None:  # not an ending: the run waits for input (status waiting)
             events = journal.final_rows({"key": park.key, "request": park.request}, INPUT_REQUESTED)
         else:
             events = journal.final_rows(terminal)
-        handed = _Handed(
+        handed = Handed(
             _endings.Ending(
                 run_id=active.id,
                 claim_token=active.token,
@@ -174,32 +158,33 @@ class EndingWriter:
                 input_timeout=None if park is None else park.timeout,
             ),
             answer,
+            rider,
         )
 
         def first_attempt(landed: bool | None, exc: BaseException | None) -> None:
             if answer.answered:
                 return
             if exc is None and landed is None:  # never sent: its budget had run out
-                self._failed(active, _OutOfTime(budget), 1, answer)
+                self._failed(active, OutOfTime(budget), 1, answer)
             elif exc is None:
                 self._landed(bool(landed), answer)
-            elif isinstance(exc, _TRANSIENT) and not self._tasks.closed:
+            elif isinstance(exc, TRANSIENT) and not self._tasks.closed:
                 self._tasks.start(self._again(active, handed, exc, deadline))
             else:  # rejected, or shutting down
                 self._failed(active, exc, 1, answer)
 
-        answer.timer = loop.call_at(deadline, self._failed, active, _OutOfTime(budget), 0, answer)
+        answer.timer = loop.call_at(deadline, self._failed, active, OutOfTime(budget), 0, answer)
         active.handed_over = True
         self._writer.hand_over(handed, first_attempt)
 
-    def _landed(self, landed: bool, answer: _Answer) -> None:
+    def _landed(self, landed: bool, answer: Answer) -> None:
         if answer.answered:
             return
         if not landed:  # the fence matched nothing: someone else ended or took the run
             self._stats["lost"] += 1
         answer(landed)
 
-    def _failed(self, active: ActiveRun, exc: BaseException, attempt: int, answer: _Answer) -> None:
+    def _failed(self, active: ActiveRun, exc: BaseException, attempt: int, answer: Answer) -> None:
         if answer.answered:
             return
         extra = {"run_id": str(active.id), **self._extra}
@@ -214,9 +199,9 @@ class EndingWriter:
                 exc,
                 extra=extra,
             )
-        elif isinstance(exc, _OutOfTime | WriterStopped):
+        elif isinstance(exc, OutOfTime | WriterStopped):
             log.warning("finalize of run %s given up: %s", active.id, exc, extra=extra)
-        elif isinstance(exc, _TRANSIENT):
+        elif isinstance(exc, TRANSIENT):
             self._attempt_failed(active, attempt, exc)
         elif isinstance(exc, psycopg.Error):
             log.warning("finalize of run %s rejected: %s", active.id, describe(exc), extra=extra)
@@ -235,21 +220,21 @@ class EndingWriter:
             extra={"run_id": str(active.id), **self._extra},
         )
 
-    async def _again(self, active: ActiveRun, handed: _Handed, exc: BaseException, deadline: float) -> None:
+    async def _again(self, active: ActiveRun, handed: Handed, exc: BaseException, deadline: float) -> None:
         """Attempts 2 and 3 of a finalize whose first attempt failed, within its budget."""
         answer = handed.answer
         budget = self._settings.finalize_timeout
         attempt = 1
         try:
             with anyio.CancelScope(shield=True, deadline=deadline) as bound:
-                while isinstance(exc, _TRANSIENT) and attempt < 3:
+                while isinstance(exc, TRANSIENT) and attempt < 3:
                     self._attempt_failed(active, attempt, exc)
                     await anyio.sleep(0.2 * attempt)
                     attempt += 1
                     try:
                         landed = await self._writer.submit(handed, caller_shielded=True)
                         if landed is None:  # not sent: no budget left for a server-side bound
-                            exc = _OutOfTime(budget)
+                            exc = OutOfTime(budget)
                             break
                         if not landed:
                             # The fence matched nothing: maybe the failed attempt had
@@ -267,7 +252,7 @@ class EndingWriter:
                     self._landed(landed, answer)
                     return
             if bound.cancelled_caught:
-                exc = _OutOfTime(budget)
+                exc = OutOfTime(budget)
             self._failed(active, exc, attempt, answer)
         finally:
             if not answer.answered:  # the task was cancelled (shutdown past every budget)
@@ -286,58 +271,107 @@ class EndingWriter:
             )
             raise
 
-    async def _write_batch(self, items: list[_Handed]) -> list[bool | None]:
+    async def _write_batch(self, items: list[Handed]) -> list[bool | None]:
         """Writes the endings whose budget leaves room for it (None for the others: not
         sent), under a server-side bound that ends the statement before the first of
-        their budgets does.
-
-        On the writer's own kept connection (runrow opened it: direct, JIT off for its
-        session) the bound is a session setting, ``session_budget``, set with the first
-        finalize it carries; an ending that leaves at least that much of its budget (the
-        usual case: sent as soon as it is handed over) then costs the finalize statement
-        alone. Any other batch (budgets partly spent, a retry, the host's pool, a
-        connection behind a transaction pooler) sets a tighter bound transaction-locally,
-        pipelined ahead of the finalize: same round trip, same implicit transaction (or
-        runrow's own), nothing left on the connection afterwards."""
-        s = self._settings
+        their budgets does, and claims for the slots they free in the same transaction."""
         now = asyncio.get_running_loop().time()
-        margin = s.ending_margin
+        margin = self._settings.ending_margin
         fits = [h.answer.deadline - now - margin >= 0.001 for h in items]
         sent = [h for h, ok in zip(items, fits, strict=True) if ok]
+        # The slots riding with these endings: claimed for with them, or freed now (an
+        # ending not sent, a drain begun). A slot rides with its first attempt only.
+        riders: list[ActiveRun] = []
+        for h, ok in zip(items, fits, strict=True):
+            if h.slot is not None:
+                if ok:
+                    riders.append(h.slot)
+                else:
+                    self._roster.free_slot(h.slot)
+                h.slot = None
+        if riders and (self._claimer is None or not self._claimer.may_fold()):
+            for active in riders:
+                self._roster.free_slot(active)
+            riders = []
         if not sent:
             return [None] * len(items)
         # statement_timeout ends the statement, all its waits included; lock_timeout
         # also bounds the commit's wait for the NOTIFY queue's lock.
         left = min(h.answer.deadline for h in sent) - now - margin
-        endings = [h.ending for h in sent]
         for h in sent:
             h.answer.sent = True
         try:
-            async with self.conn.statement() as conn:
-                held = self.conn
-                session = held.keeps(conn) and jit_off_session(conn) and left >= s.session_budget
-                if session and held.carries(conn):
-                    landed = await _endings.finalize(conn, s.schema, endings, channels=self._channels)
-                elif session:
-                    # The first ending on this kept connection: the session's bound goes
-                    # with it. Marked first: if this fails (the bound is then rolled back
-                    # with it), the connection is given back and the mark goes with it;
-                    # however this ends, the bound comes off before the connection serves
-                    # anything else.
-                    held.session_changed(lambda c: _endings.unset_session_bound(c, s.schema))
-                    landed = await _endings.finalize(
-                        conn,
-                        s.schema,
-                        endings,
-                        channels=self._channels,
-                        session_bound_ms=int(s.session_budget * 1000),
-                    )
-                else:
-                    # (ending_budget also turns JIT off for the finalize: no guard here.)
-                    landed = await _endings.finalize(
-                        conn, s.schema, endings, channels=self._channels, local_bound_ms=int(left * 1000)
-                    )
+            landed = await self._send(sent, left, riders)
+        except psycopg.Error as exc:
+            if not riders or isinstance(exc, TRANSIENT):
+                raise
+            # Refused with a claim in the transaction (a conflict over a conversation's
+            # turn, say): nothing landed. The endings go again alone, at once; the claim
+            # loop claims for their slots.
+            log.info(
+                "a claim made with endings failed (%s); writing them alone", describe(exc), extra=self._extra
+            )
+            landed = await self._send(sent, left, [])
         finally:
             for h in sent:
                 h.answer.sent = False
         return [(h.ending.run_id in landed) if ok else None for h, ok in zip(items, fits, strict=True)]
+
+    async def _send(self, sent: list[Handed], left: float, riders: list[ActiveRun]) -> set[uuid.UUID]:
+        """One finalize of ``sent`` (bounded to ``left`` seconds); with ``riders``, the claim
+        for their slots follows it in the same transaction and round trip. Every rider's
+        slot is passed on (claimed runs) or freed, however this ends.
+
+        On the writer's own kept connection (direct, JIT off for its session) the bound
+        is a session setting, ``session_budget``, set with the first finalize it carries;
+        an ending that leaves at least that much of its budget (the usual case) then
+        costs no setting. Any other batch (budgets partly spent, a retry, the host's pool,
+        a transaction pooler) sets a tighter bound transaction-locally, pipelined ahead:
+        same round trip, same implicit transaction, nothing left on the connection."""
+        s = self._settings
+        endings = [h.ending for h in sent]
+        claim = None
+        if riders:
+            assert self._claimer is not None
+            claim = self._claimer.request(len(riders))
+            if not self._folding:
+                self._settled = _aio.Event()
+            self._folding += 1
+        t0 = _aio.now()
+        rows: list[ClaimedRun] = []
+        try:
+            async with self.conn.statement() as conn:
+                held = self.conn
+                session = held.keeps(conn) and jit_off_session(conn) and left >= s.session_budget
+                bound: dict[str, int] = {}
+                if session and not held.carries(conn):
+                    # The first ending on this kept connection: the session's bound goes
+                    # with it. Marked first: however this ends, the bound comes off (or
+                    # the connection is closed) before it serves anything else.
+                    held.session_changed(lambda c: _endings.unset_session_bound(c, s.schema))
+                    bound = {"session_bound_ms": int(s.session_budget * 1000)}
+                elif not session:
+                    # (ending_budget also turns JIT off for the transaction: no guard here.)
+                    bound = {"local_bound_ms": int(left * 1000)}
+                if claim is None:
+                    return await _endings.finalize(conn, s.schema, endings, channels=self._channels, **bound)
+                landed, rows = await _endings.finalize_then_claim(
+                    conn, s.schema, endings, claim, channels=self._channels, **bound
+                )
+                return landed
+        finally:
+            if claim is not None:
+                assert self._claimer is not None
+                self._folding -= 1
+                if not self._folding:
+                    self._settled.set()
+                if rows:
+                    self._claimer.folded(riders, rows, _aio.now() - t0)
+                else:
+                    for active in riders:
+                        self._roster.free_slot(active)
+
+    async def folds_settled(self) -> None:
+        """Returns once no batch carrying a claim is in flight (a drain waits for this
+        after it stopped claiming, so that every run claimed is in the roster)."""
+        await self._settled.wait()

@@ -189,9 +189,7 @@ class Executor:
                 with anyio.CancelScope(shield=True):
                     for helper in helpers:
                         await helper.stop()
-        # The agent is done: its slot can take the next run while this one's ending is
-        # written (concurrency bounds agent calls; the finalize is one short statement).
-        roster.free_slot(active)
+        # (The agent is done: its slot goes with the ending, see EndingWriter.hand_over.)
         if active.reason == "park":
             # The agent waits for input (its input step is marked): the run parks.
             status, error, retry = "waiting", None, False

@@ -50,7 +50,9 @@ class Parts:
         self.tasks = _aio.TaskSet()  # per-run work: the runs, their helpers, retries, checks
         self.roster = Roster(s.concurrency)
         self.appender = Appender(s, pool, trouble)
-        self.endings = EndingWriter(s, self.roster, pool, d._stats, self.tasks, trouble)
+        self.claimer = Claimer(s, self.roster, pool, d._stats, observe, self._start, trouble)
+        # The ending writer claims for the slots that endings free, with them (see ending.py).
+        self.endings = EndingWriter(s, self.roster, pool, d._stats, self.tasks, trouble, self.claimer)
         # The heartbeat and the reaper each keep a connection: keeping claims alive and
         # ending abandoned runs never wait behind the runs' own statements for a pooled
         # connection (a pool that busy would cost leases), nor behind each other.
@@ -69,7 +71,6 @@ class Parts:
             Host(d, self.roster),
             d._stats,
         )
-        self.claimer = Claimer(s, self.roster, pool, d._stats, observe, self._start, trouble)
 
     def _start(self, row: ClaimedRun) -> None:
         self.lease.adopt(self.roster.runs[row.id])

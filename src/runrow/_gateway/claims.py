@@ -1,4 +1,5 @@
-"""The claimer's statements (``claim``, ``claim_fifo`` in ``sql/runs.sql``)."""
+"""The claimer's statements (``claim``, ``claim_fifo`` in ``sql/runs.sql``); the ending
+writer sends the same claim after a batch of endings (see ``endings.finalize_then_claim``)."""
 
 from __future__ import annotations
 
@@ -43,6 +44,43 @@ class ClaimedRun(NamedTuple):
     last_seq: int
 
 
+class ClaimRequest(NamedTuple):
+    """What one claim asks for (the claim statement's parameters, and its order)."""
+
+    order: ClaimOrder
+    limit: int
+    lease_seconds: float
+    worker_id: str
+    retry_policy: str | None = None
+    """JSON text stamped on each claimed run (None: not retried)."""
+    now: datetime | None = None
+
+
+def statement(schema: str, req: ClaimRequest) -> tuple[bytes, dict[str, Any]]:
+    """The claim statement for ``req``'s order, and its parameters."""
+    query = _sql.statement("claim", schema) if req.order == "fair" else _sql.statement("claim_fifo", schema)
+    return query, {
+        "limit": req.limit,
+        "lease_seconds": req.lease_seconds,
+        "worker_id": req.worker_id,
+        "now": req.now,
+        "retry_policy": req.retry_policy,
+    }
+
+
+def rows_cursor(conn: AsyncConnection) -> AsyncCursor[ClaimedRun]:
+    """A cursor whose rows are ClaimedRuns (read them with :func:`fetch`)."""
+    return conn.cursor(row_factory=_rows)
+
+
+async def fetch(cur: AsyncCursor[ClaimedRun]) -> list[ClaimedRun]:
+    """The claim's rows from ``cur``, its columns checked once per process."""
+    rows = await cur.fetchall()
+    if not _checked:
+        _check_columns(cur)
+    return rows
+
+
 async def claim(
     conn: AsyncConnection,
     schema: str,
@@ -56,23 +94,10 @@ async def claim(
 ) -> list[ClaimedRun]:
     """Claims up to ``limit`` runs (at most one per conversation) in ``order``, stamping
     each with ``retry_policy`` (JSON text; None: not retried)."""
-    cur = conn.cursor(row_factory=_rows)
-    await execute(
-        conn,
-        _sql.statement("claim", schema) if order == "fair" else _sql.statement("claim_fifo", schema),
-        {
-            "limit": limit,
-            "lease_seconds": lease_seconds,
-            "worker_id": worker_id,
-            "now": now,
-            "retry_policy": retry_policy,
-        },
-        cursor=cur,
-    )
-    rows = await cur.fetchall()
-    if not _checked:
-        _check_columns(cur)
-    return rows
+    query, params = statement(schema, ClaimRequest(order, limit, lease_seconds, worker_id, retry_policy, now))
+    cur = rows_cursor(conn)
+    await execute(conn, query, params, cursor=cur)
+    return await fetch(cur)
 
 
 def _check_columns(cursor: AsyncCursor[Any]) -> None:
