@@ -173,7 +173,7 @@ def plot(path: Path, data: dict[str, dict[Any, float]]) -> None:
         "runrow": ("o-", "runrow (Dispatcher)"),
         "bare": ("s--", "bare SQL, claim 1 + finalize 1"),
         "bare_batched": ("^--", "bare SQL, claim 10 + finalize 10"),
-        "bare_pipelined": ("*--", "bare SQL, runrow's loop: claim c while the last finalize runs"),
+        "bare_folded": ("*--", "bare SQL, runrow's loop: the last endings + claim c, one transaction"),
         "pgqueuer b1": ("v:", "pgqueuer, c workers x batch 1"),
         "pgqueuer 1 worker": ("P:", "pgqueuer, 1 worker, batch c/2, max c picked"),
         "pgqueuer b10": ("D:", "pgqueuer, c/10 workers x batch 10"),

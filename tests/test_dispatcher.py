@@ -1146,7 +1146,10 @@ async def test_an_agent_raising_cancelled_error_itself_fails_its_run_at_once(
         run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
         nxt = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="next")
         await wait_for(lambda: is_terminal(conn, schema, nxt.id), timeout=8, what="both turns to end")
-        assert d.get_stats()["failed"] == 1 and d.get_stats()["completed"] == 1
+        # (The counters follow the commit: the writer's callback runs once the batch returns.)
+        await wait_for(
+            lambda: d.get_stats()["failed"] == 1 and d.get_stats()["completed"] == 1, what="both counted"
+        )
     row = await run_row(conn, schema, run.id)
     assert row["status"] == "failed" and row["error"]["type"] == "agent_cancelled", row["error"]
     evs = await assert_journal_sound(conn, schema, run.id)

@@ -118,6 +118,7 @@ async def test_a_refused_claim_does_not_cost_the_ending(
         await wait_for(
             lambda: _status_is(conn, schema, poison.id, "completed"), timeout=15, what="the refused run"
         )
+        await wait_for(lambda: not d.in_flight, what="the runs let go (counted)")
         stats = d.get_stats()
     assert stats["completed"] == 2 and stats["lost"] == 0, stats
     # The first ending and the poison run's claim did not commit together.
@@ -174,6 +175,7 @@ async def test_a_connection_cut_between_the_ending_and_the_claim(
         await wait_for(
             lambda: _status_is(conn, schema, second.id, "completed"), timeout=15, what="the second run"
         )
+        await wait_for(lambda: not d.in_flight, what="the runs let go (counted)")
         stats = d.get_stats()
     assert started == ["first", "slow-claim"], started
     assert stats["completed"] == 2, stats
@@ -204,6 +206,7 @@ async def test_an_ending_whose_fence_matches_nothing_still_frees_its_slot(
         await wait_for(
             lambda: _status_is(conn, schema, second.id, "completed"), timeout=15, what="the next run"
         )
+        await wait_for(lambda: not d.in_flight, what="the runs let go (counted)")
         stats = d.get_stats()
     assert await status_of(conn, schema, first.id) == "running"  # not ours to end any more
     assert stats["completed"] == 1 and stats["lost"] == 1, stats

@@ -49,6 +49,8 @@ async def test_an_agent_error_with_an_unstorable_message_is_recorded_and_the_wor
     async with runrow.Dispatcher(dsn, agent, schema=schema, concurrency=4, poll=0.2) as d:
         for run in runs.values():
             await wait_for(lambda run=run: is_terminal(conn, schema, run.id), what="every run to end")
+        # (The counters follow the commits: the writer's callbacks run once a batch returns.)
+        await wait_for(lambda: not d.in_flight, what="every run let go")
         assert d.get_stats()["failed"] == 3 and d.get_stats()["completed"] == 1
     rows = {c: await run_row(conn, schema, r.id) for c, r in runs.items()}
     assert rows["fine"]["status"] == "completed"

@@ -226,7 +226,7 @@ async def test_reaper_fails_an_orphan_and_the_next_turn_runs(
     async with runrow.Dispatcher(dsn, agent, schema=schema, **{**FAST, "grace": 0.3}) as d:
         await wait_for(lambda: is_terminal(conn, schema, orphan.id), what="the orphan to be reaped")
         await wait_for(lambda: ran == ["next"], what="the next turn")
-        assert d.get_stats()["reaped"] == 1
+        await wait_for(lambda: d.get_stats()["reaped"] == 1, what="the reap counted")
     row = await run_row(conn, schema, orphan.id)
     assert row["status"] == "failed" and row["error"]["type"] == "worker_lost"
     evs = await assert_journal_sound(conn, schema, orphan.id)

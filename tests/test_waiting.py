@@ -71,7 +71,8 @@ async def test_a_run_parks_and_resumes_with_the_value_without_repeating_anything
     async with runrow.Dispatcher(dsn, approval_agent(calls), schema=schema, **FAST) as d:
         await wait_for(lambda: _waiting(conn, schema, run.id), what="the run to wait")
         # Parked: no worker holds it, no slot, no lease; the journal ends with the request.
-        assert d.in_flight == [] and d.get_stats()["parked"] == 1
+        await wait_for(lambda: d.in_flight == [], what="the parked run let go")
+        assert d.get_stats()["parked"] == 1
         evs = await events(conn, schema, run.id)
         assert evs[-1][1] == "input_requested"
         assert evs[-1][2] == {
