@@ -15,7 +15,12 @@ claims up to c runs while a second writes the previous batch's endings: the
   their WAL flush. Unsafe (a crash could lose an ending that tails already streamed);
   measured only to show how much of the loop's time the ending's own flush takes.
 
-It prints runs/s and the claim's latency (median) for each, and their ratio.
+* ``folded``: runrow's loop since #24: one connection sends the previous batch's
+  endings and the next claim pipelined in one transaction (one commit per batch, both
+  durable: the ``bare folded`` baseline of ``throughput_core``).
+
+It prints runs/s (and, for the two pipelined variants, the claim's latency, median) for
+each, and their ratios to ``durable``.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from runrow.embedded import EmbeddedPostgres
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # for bench/lib.py and scenarios
 from lib import PROFILES, Bench
-from scenarios.throughput import drain_bare_pipelined
+from scenarios.throughput import drain_bare_folded, drain_bare_pipelined
 
 
 async def drain(b: Bench, schema: str, n: int, concurrency: int, durable: bool) -> tuple[float, float]:
@@ -45,22 +50,28 @@ async def drain(b: Bench, schema: str, n: int, concurrency: int, durable: bool) 
 
 async def measure(conninfo: str, concurrencies: list[int], runs: int, reps: int) -> None:
     b = Bench(conninfo, PROFILES["quick"])
+    variants = ["durable", "async ending", "folded"]
     for c in concurrencies:
-        got: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
+        got: dict[str, list[tuple[float, float]]] = {v: [] for v in variants}
         for rep in range(reps):
-            for durable in (True, False) if rep % 2 == 0 else (False, True):
+            for variant in variants if rep % 2 == 0 else list(reversed(variants)):
                 async with b.schema("cc") as schema:
                     await b.quiesce()
-                    got[durable].append(await drain(b, schema, runs, c, durable))
-        for durable, label in ((True, "durable"), (False, "async ending")):
-            rates = [r for r, _ in got[durable]]
-            claims = [ms for _, ms in got[durable]]
+                    if variant == "folded":
+                        got[variant].append((await drain_bare_folded(b, schema, runs, c), float("nan")))
+                    else:
+                        got[variant].append(await drain(b, schema, runs, c, variant == "durable"))
+        for variant in variants:
+            rates = [r for r, _ in got[variant]]
+            claims = [ms for _, ms in got[variant]]
             print(
-                f"c={c:<3} {label:<13} {statistics.median(rates):>7,.0f} runs/s "
+                f"c={c:<3} {variant:<13} {statistics.median(rates):>7,.0f} runs/s "
                 f"({min(rates):,.0f}-{max(rates):,.0f})  claim p50 {statistics.median(claims):.2f} ms"
             )
-        ratio = statistics.median(r for r, _ in got[False]) / statistics.median(r for r, _ in got[True])
-        print(f"c={c:<3} async ending / durable: x{ratio:.2f}")
+        durable = statistics.median(r for r, _ in got["durable"])
+        for variant in variants[1:]:
+            ratio = statistics.median(r for r, _ in got[variant]) / durable
+            print(f"c={c:<3} {variant} / durable: x{ratio:.2f}")
 
 
 def main() -> None:
