@@ -130,7 +130,9 @@ async def tail(
                 yield Event(cursor, KEEPALIVE)
                 idle_since = now
             wait = max(0.0, idle_since + keepalive - now)
-            if sub is None or hub is None or not hub.connected or not trusted:
+            # A read that failed retries on its backoff: a hint may have come and gone
+            # with it (the reads of a batch fail together, so this is not one tail's wait).
+            if not read or sub is None or hub is None or not hub.connected or not trusted:
                 wait = min(wait, backoff)
             if sub is not None:
                 await sub.wait(wait)
