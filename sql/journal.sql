@@ -25,6 +25,32 @@ WHERE run_id = %(run_id)s AND seq > %(after)s
 ORDER BY seq
 LIMIT %(limit)s
 
+-- name: read_events_many
+-- The reads of many tails woken together, as one statement (see src/runrow/_tailbatch.py).
+-- For each request (run_id, after, limit), numbered i from 1: up to limit of the run's
+-- events after seq `after`, one row each; for a request with none, one row with seq NULL
+-- and run_terminal_state's columns (all NULL: no such run). One statement reads one
+-- snapshot, so a terminal status always comes with the ending it committed with (the
+-- single read must read again for that). Each lateral read walks the primary key.
+SELECT q.i, e.seq, e.type, e.payload, s.status, s.error, s.journaled_end, s.last_seq
+FROM unnest(%(run_ids)s::uuid[], %(afters)s::bigint[], %(limits)s::integer[])
+     WITH ORDINALITY AS q(run_id, after, lim, i)
+LEFT JOIN LATERAL (
+    SELECT seq, type, payload FROM {schema}.run_event
+    WHERE run_id = q.run_id AND seq > q.after
+    ORDER BY seq
+    LIMIT q.lim
+) e ON true
+LEFT JOIN LATERAL (
+    SELECT a.status, a.error,
+           EXISTS (SELECT 1 FROM {schema}.run_event
+                   WHERE run_id = q.run_id AND type = 'complete') AS journaled_end,
+           (SELECT max(seq) FROM {schema}.run_event WHERE run_id = q.run_id) AS last_seq
+    FROM {schema}.agent_run a
+    WHERE a.id = q.run_id AND e.seq IS NULL
+) s ON true
+ORDER BY q.i, e.seq
+
 -- name: run_terminal_state
 -- (Event names and payloads: the vocabulary in src/runrow/_events.py.)
 -- The run's status, whether its journal holds its ending (a trimmed one does not), and

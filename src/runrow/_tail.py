@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING
@@ -20,6 +19,7 @@ from ._gateway._exec import configure_own, run
 from ._json import parse_run_id
 from ._models import TERMINAL
 from ._names import DEFAULT_SCHEMA, Channels, check_schema
+from ._tailbatch import batcher
 
 if TYPE_CHECKING:
     import uuid
@@ -100,10 +100,7 @@ async def tail(
                     describe(exc),
                     extra={"run_id": str(rid)},
                 )
-                await _close_all(conn_box)
-                if isinstance(db, AsyncConnectionPool):
-                    with contextlib.suppress(Exception):
-                        await db.check()  # weed out the pool's dead connections
+                await _close_all(conn_box)  # (a pool's batcher checks the pool itself)
                 rows, state = [], None
                 backoff = min(backoff * 2, keepalive)
             if rows and not more and caught_up:
@@ -161,6 +158,9 @@ async def _read(
             if prepared_statements:  # a direct connection (see configure_own)
                 await configure_own(conn)
         source: Database = conn_box[0]
+    elif isinstance(db, AsyncConnectionPool):
+        # The tails on a pool that wake together share one read (see _tailbatch).
+        return await batcher(db, schema).read(rid, cursor, batch)
     else:
         source = db
     async with statement_conn(source) as conn:
