@@ -30,6 +30,7 @@ async def fanout(b: Bench) -> list[Row]:
     ended = 0
     lat: list[float] = []
     bare: list[float] = []
+    delivered: dict[str, tuple[float, float]] = {}  # run id: (stamped, delivered)
     peak: dict[str, int] = {"pool": 0, "hub": 0}
     stop_monitor = anyio.Event()
     paused = [False]  # the monitor sleeps through the idle window: its own CPU must not count
@@ -53,7 +54,9 @@ async def fanout(b: Bench) -> list[Row]:
             if ev.type == "ready":
                 got_ready += 1
             elif ev.type == "ping":
-                lat.append((time.monotonic() - float(ev.payload["t"])) * 1000)
+                now, stamp = time.monotonic(), float(ev.payload["t"])
+                lat.append((now - stamp) * 1000)
+                delivered[str(run_id)] = (stamp, now)
                 got_ping += 1
         ended += 1
 
@@ -109,6 +112,7 @@ async def fanout(b: Bench) -> list[Row]:
                     while ended < n:
                         await anyio.sleep(0.05)
                 stop_monitor.set()
+                committed = (await kid.result())["committed"]
             # The baseline, same pool and runs: one read of each run's journal, all at
             # once, which is what the tails must do once the hub wakes them (a tail's
             # delivery adds the append, the NOTIFY, the hub and the tail's own work).
@@ -126,6 +130,10 @@ async def fanout(b: Bench) -> list[Row]:
             cpu_bare = (time.process_time() - cpu_bare0) / n * 1e6
         finally:
             await pool.close()
+    # The writer's share: from the stamp to the child's append returning (its commit,
+    # which sends the NOTIFY); this process's share: from that commit to the delivery.
+    commit = [(committed[r] - stamp) * 1000 for r, (stamp, _) in delivered.items()]
+    after_commit = [(now - committed[r]) * 1000 for r, (_, now) in delivered.items()]
     return [
         Row(
             "fanout",
@@ -189,6 +197,25 @@ async def fanout(b: Bench) -> list[Row]:
             f"{n} reads at once through the same pool",
             ratio(pct(lat, 99), pct(bare, 99)),
             note="one event on each of the runs at once",
+        ),
+        *(
+            Row(
+                "fanout",
+                f"{n} tails: {what} p{q}",
+                pct(values, q),
+                "ms",
+                None,
+                None,
+                pct(bare, q),
+                f"{n} reads at once through the same pool",
+                ratio(pct(values, q), pct(bare, q)),
+                note=note,
+            )
+            for what, values, note in (
+                ("emit commit", commit, "the child's append, included in delivery"),
+                ("delivery after commit", after_commit, "this process's share"),
+            )
+            for q in (50, 99)
         ),
         Row(
             "fanout",
