@@ -241,3 +241,24 @@ async def test_tails_that_stop_leave_no_task_behind(dsn: str, schema: str) -> No
                 seen.append(ev.seq)
         assert seen == [1, 2] and b.statements > before
         assert not b.busy and not _drains()
+
+
+async def test_tails_on_a_pool_name_a_missing_schema(dsn: str) -> None:
+    """The batched read keeps the schema guard: every tail of the batch learns the fix."""
+    missing = f"nope_{uuid.uuid4().hex[:8]}"
+    raised: list[BaseException] = []
+
+    async def one() -> None:
+        try:
+            async for _ in runrow.tail(pool, uuid.uuid4(), schema=missing):
+                pass
+        except runrow.SchemaOutOfDate as exc:
+            raised.append(exc)
+
+    async with (
+        AsyncConnectionPool(dsn, min_size=1, max_size=2, kwargs={"autocommit": True}) as pool,
+        anyio.create_task_group() as tg,
+    ):
+        for _ in range(5):
+            tg.start_soon(one)
+    assert len(raised) == 5

@@ -11,7 +11,8 @@ import psycopg
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from ._db import Database, describe, schema_guard, statement_conn
+from . import _aio
+from ._db import MISSING_SCHEMA, Database, describe, out_of_date, statement_conn
 from ._errors import InvalidInput, RunNotFound
 from ._events import KEEPALIVE, TERMINAL_EVENT, Event
 from ._gateway import tail as _gw
@@ -71,7 +72,7 @@ async def tail(
         if hub is not None and hub.running:
             sub = await stack.enter_async_context(hub.subscribe(Channels.for_schema(schema).events(rid)))
         stack.push_async_callback(_close_all, conn_box)
-        idle_since = anyio.current_time()
+        idle_since = _aio.now()
         backoff = poll
         # A connected hub's hints are trusted (an idle tail then waits for one, up to
         # the keepalive: a thousand tails of queued runs cost a read each per keepalive)
@@ -86,11 +87,11 @@ async def tail(
             hints = sub.notified if sub is not None else 0
             read = False
             try:
-                async with schema_guard(db, schema):
-                    rows, state = await _read(
-                        db, conn_box, own, schema, rid, cursor, batch, prepared_statements
-                    )
+                # (schema_guard's work, without a context manager per read: see _db.)
+                rows, state = await _read(db, conn_box, own, schema, rid, cursor, batch, prepared_statements)
                 read = True
+            except MISSING_SCHEMA as exc:
+                raise await out_of_date(db, schema) from exc
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                 # The database is unreachable for now: a tail waits it out (keepalives
                 # continue), reconnecting as needed. A dropped read only costs latency.
@@ -115,14 +116,14 @@ async def tail(
                 if event.type == TERMINAL_EVENT:
                     return
             if rows:
-                idle_since = anyio.current_time()
+                idle_since = _aio.now()
                 if len(rows) == batch:
                     continue
             elif state is not None and (ending := settle(state, cursor, rid)) is not None:
                 for event in ending:
                     yield event
                 return
-            now = anyio.current_time()
+            now = _aio.now()
             if now - idle_since >= keepalive:
                 yield Event(cursor, KEEPALIVE)
                 idle_since = now
