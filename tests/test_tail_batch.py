@@ -102,7 +102,7 @@ async def test_a_batched_read_walks_the_primary_key(dsn: str, schema: str) -> No
             {"run_ids": [uuid.uuid4()], "afters": [0], "limits": [5]},
         )
         plan = "\n".join(r[0] for r in await cur.fetchall())
-    assert "run_event_pkey" in plan, plan
+    assert "run_event_pkey" in plan and "agent_run_pkey" in plan, plan
 
 
 async def _tail_all(
