@@ -59,7 +59,9 @@ async def tail(
     pooler, a dispatcher whose flushes announce nothing), it polls every ``poll`` seconds
     until rows come announced again. A ``from_seq`` past the last event of the run's journal raises
     :class:`InvalidInput` (a trimmed journal ends with a synthesised event instead).
-    Given a conninfo string, it keeps one connection of its own;
+    Given an ``AsyncConnectionPool``, the tails of a process that wake together share
+    one read (one statement for all of them). Given a conninfo string, it keeps one
+    connection of its own;
     ``prepared_statements=False`` is for a conninfo that points at a
     transaction-pooling pgbouncer.
     """
