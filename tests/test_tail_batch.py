@@ -262,3 +262,23 @@ async def test_tails_on_a_pool_name_a_missing_schema(dsn: str) -> None:
         for _ in range(5):
             tg.start_soon(one)
     assert len(raised) == 5
+
+
+async def test_a_statement_holds_a_bounded_number_of_rows(dsn: str, schema: str) -> None:
+    """Reads queued together share a statement up to MAX_ROWS rows by their limits."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        ids = [await _live_run(conn, schema, 1, None) for _ in range(3)]
+    async with AsyncConnectionPool(dsn, min_size=1, max_size=2, kwargs={"autocommit": True}) as pool:
+        b = _tailbatch.batcher(pool, schema)
+        for limit, statements in ((10, 1), (_tailbatch.MAX_ROWS // 2 + 1, 3)):
+            before = b.statements
+            results: list[Any] = []
+
+            async def one(rid: uuid.UUID, limit: int = limit, results: list[Any] = results) -> None:
+                results.append(await b.read(rid, 0, limit))
+
+            async with anyio.create_task_group() as tg:
+                for rid in ids:
+                    tg.start_soon(one, rid)
+            assert b.statements - before == statements
+            assert sorted(len(rows) for rows, _ in results) == [3, 3, 3]

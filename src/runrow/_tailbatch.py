@@ -40,9 +40,12 @@ if TYPE_CHECKING:
 __all__ = ["ReadBatcher", "batcher"]
 
 # Reads per statement: a statement of a thousand reads takes a few milliseconds; past
-# that, the reads queued behind it wait for the next one (the batch sizes of the tails
-# bound the rows each read returns, as they do for a read alone).
+# that, the reads queued behind it wait for the next one.
 MAX_READS = 1000
+# Rows per statement, counted by the reads' limits (the tails' ``batch``): a thousand
+# tails catching up on long journals would otherwise fetch half a million rows at once
+# (each tail reading alone through a pool of ten had at most ten reads' rows in hand).
+MAX_ROWS = 50_000
 
 Result = tuple["list[Event]", "_gw.RunEnd | None"]
 
@@ -105,8 +108,7 @@ class ReadBatcher:
     async def _drain(self) -> None:
         try:
             while self._queue:
-                batch = [r for r in self._queue[:MAX_READS] if not r.future.done()]
-                del self._queue[:MAX_READS]
+                batch = self._take()
                 if batch:
                     await self._send(batch)
         finally:
@@ -114,6 +116,22 @@ class ReadBatcher:
             self._task = None
             left, self._queue = self._queue, []
             _fail(left, psycopg.OperationalError("the tail's read was abandoned"))
+
+    def _take(self) -> list[_Read]:
+        """The next statement's reads, in queued order (the cancelled ones dropped): at
+        least one, at most :data:`MAX_READS`, and at most :data:`MAX_ROWS` rows by
+        their limits."""
+        batch: list[_Read] = []
+        rows = taken = 0
+        for r in self._queue:
+            if not r.future.done():
+                if batch and (len(batch) >= MAX_READS or rows + r.request.limit > MAX_ROWS):
+                    break
+                batch.append(r)
+                rows += r.request.limit
+            taken += 1
+        del self._queue[:taken]
+        return batch
 
     async def _send(self, batch: list[_Read]) -> None:
         self.statements += 1
