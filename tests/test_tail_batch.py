@@ -228,10 +228,20 @@ async def test_tails_that_stop_leave_no_task_behind(dsn: str, schema: str) -> No
         runrow.NotifyHub(dsn) as hub,
     ):
         b = _tailbatch.batcher(pool, schema)
-        for settle in (0.0, 0.5):  # cancelled at once (catch-up in flight), then idle
-            with anyio.move_on_after(settle):
-                await _tail_all(pool, hub, schema, ids, got)
-            await wait_for(lambda: not b.busy and not _drains(), what="the read task ended")
+        # Cancelled while their catch-up statement is in flight: it ends, and its task too.
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_tail_all, pool, hub, schema, ids, got)
+            with anyio.fail_after(5):
+                while not b.busy:
+                    await anyio.sleep(0)
+            (in_flight,) = _drains()
+            tg.cancel_scope.cancel()
+        await wait_for(lambda: not b.busy and not _drains(), what="the read task ended")
+        assert in_flight.done() and not in_flight.cancelled() and in_flight.exception() is None
+        # Cancelled while idle, waiting for their hub.
+        with anyio.move_on_after(0.5):
+            await _tail_all(pool, hub, schema, ids, got)
+        await wait_for(lambda: not b.busy and not _drains(), what="the read task ended")
         assert all(s[:2] == [1, 2] for s in got.values())
         # Alone again: a single tail's read is a statement of its own.
         before = b.statements
