@@ -43,6 +43,7 @@ class State:
     def __init__(self) -> None:
         self.t_first: float | None = None
         self.commit_ms: list[float] = []
+        self.committed: dict[str, float] = {}
         self.go = anyio.Event()
         self.release = anyio.Event()
         self.stop = anyio.Event()
@@ -104,7 +105,9 @@ async def agent_for(state: State, run: runrow.RunContext) -> None:
     if op == "fanout":  # a live run: a first event, quiet until released, then one stamped event
         await run.emit({"type": "ready"})
         await state.release.wait()
-        await run.emit({"type": "ping", "t": time.monotonic()})
+        t = time.monotonic()
+        await run.emit({"type": "ping", "t": t})
+        state.committed[str(run.run_id)] = time.monotonic()  # when the append returned
         await state.stop.wait()
         return
     raise ValueError(f"unknown op {op!r}")
@@ -193,6 +196,7 @@ async def worker(args: dict[str, Any]) -> None:
                 "completed": last["completed"],
                 "stats": d.get_stats(),
                 "commit_ms": state.commit_ms,
+                "committed": state.committed,
                 "idle_rss_kb": idle_rss,
                 "peak_rss_kb": rss_kb("VmHWM"),
                 "maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,

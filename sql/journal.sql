@@ -25,6 +25,43 @@ WHERE run_id = %(run_id)s AND seq > %(after)s
 ORDER BY seq
 LIMIT %(limit)s
 
+-- name: read_events_many
+-- The reads of many tails woken together, as one statement (see src/runrow/_tailbatch.py).
+-- For each request (run_id, after, limit), numbered i from 1: up to limit of the run's
+-- events after seq `after`, one row each; for a request with none, one row with seq NULL
+-- and run_terminal_state's columns (status NULL: no such run). One statement reads one
+-- snapshot, so a terminal status always comes with the ending it committed with (the
+-- single read must read again for that). Each lateral read walks the primary key; the
+-- run's row is looked up only for requests that found no events (a join filter on the
+-- events' lateral would look it up for every row, then drop it).
+WITH q AS (
+    SELECT * FROM unnest(%(run_ids)s::uuid[], %(afters)s::bigint[], %(limits)s::integer[])
+                  WITH ORDINALITY AS q(run_id, after, lim, i)
+), ev AS (
+    SELECT q.i, e.seq, e.type, e.payload
+    FROM q CROSS JOIN LATERAL (
+        SELECT seq, type, payload FROM {schema}.run_event
+        WHERE run_id = q.run_id AND seq > q.after
+        ORDER BY seq
+        LIMIT q.lim
+    ) e
+)
+SELECT i, seq, type, payload, NULL AS status, NULL::jsonb AS error,
+       NULL::boolean AS journaled_end, NULL::integer AS last_seq
+FROM ev
+UNION ALL
+SELECT q.i, NULL, NULL, NULL, a.status, a.error,
+       EXISTS (SELECT 1 FROM {schema}.run_event
+               WHERE run_id = q.run_id AND type = 'complete'),
+       (SELECT max(seq) FROM {schema}.run_event WHERE run_id = q.run_id)
+FROM q
+-- (LIMIT 1 keeps the lookup a lateral probe of the primary key, one per request that
+-- found nothing, whatever the planner believes of agent_run's size: never a hash join
+-- over the whole table.)
+LEFT JOIN LATERAL (SELECT status, error FROM {schema}.agent_run WHERE id = q.run_id LIMIT 1) a ON true
+WHERE NOT EXISTS (SELECT 1 FROM ev WHERE ev.i = q.i)
+ORDER BY 1, 2
+
 -- name: run_terminal_state
 -- (Event names and payloads: the vocabulary in src/runrow/_events.py.)
 -- The run's status, whether its journal holds its ending (a trimmed one does not), and

@@ -329,10 +329,7 @@ async def test_a_stop_committed_between_claim_and_registration_is_not_lost(
                 # buffer is empty and it waits for the next one).
                 (watcher,) = [s for s in hub._subs[channel] if s is not mine]
                 await wait_for(
-                    lambda: (
-                        watcher._receive.statistics().current_buffer_used == 0
-                        and watcher._receive.statistics().tasks_waiting_receive == 1
-                    ),
+                    lambda: not watcher._hints and len(watcher._waiters) == 1,
                     what="the watcher to handle the stop's NOTIFY",
                 )
 

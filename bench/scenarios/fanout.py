@@ -30,6 +30,7 @@ async def fanout(b: Bench) -> list[Row]:
     ended = 0
     lat: list[float] = []
     bare: list[float] = []
+    delivered: dict[str, tuple[float, float]] = {}  # run id: (stamped, delivered)
     peak: dict[str, int] = {"pool": 0, "hub": 0}
     stop_monitor = anyio.Event()
     paused = [False]  # the monitor sleeps through the idle window: its own CPU must not count
@@ -53,7 +54,9 @@ async def fanout(b: Bench) -> list[Row]:
             if ev.type == "ready":
                 got_ready += 1
             elif ev.type == "ping":
-                lat.append((time.monotonic() - float(ev.payload["t"])) * 1000)
+                now, stamp = time.monotonic(), float(ev.payload["t"])
+                lat.append((now - stamp) * 1000)
+                delivered[str(run_id)] = (stamp, now)
                 got_ping += 1
         ended += 1
 
@@ -96,20 +99,25 @@ async def fanout(b: Bench) -> list[Row]:
                 await anyio.sleep(p.fanout_idle)
                 cpu = (time.process_time() - cpu0) / (time.monotonic() - t0) * 100
                 paused[0] = False
+                cpu1 = time.process_time()
                 await kid.send("release")
                 with anyio.fail_after(120):
                     while got_ping < n:
                         await anyio.sleep(0.02)
+                # This process's CPU from the release to the last delivery, per event
+                # (the hub's dispatch, the tails' reads and their decoding).
+                cpu_event = (time.process_time() - cpu1) / n * 1e6
                 await kid.send("stop")
                 with anyio.fail_after(120):
                     while ended < n:
                         await anyio.sleep(0.05)
                 stop_monitor.set()
+                committed = (await kid.result())["committed"]
             # The baseline, same pool and runs: one read of each run's journal, all at
             # once, which is what the tails must do once the hub wakes them (a tail's
             # delivery adds the append, the NOTIFY, the hub and the tail's own work).
             read = statement_text("read_events", s)
-            t_bare = time.monotonic()
+            cpu_bare0, t_bare = time.process_time(), time.monotonic()
 
             async def one_read(rid: Any) -> None:
                 async with pool.connection() as conn:
@@ -119,8 +127,13 @@ async def fanout(b: Bench) -> list[Row]:
             async with anyio.create_task_group() as tg2:
                 for rid in ids:
                     tg2.start_soon(one_read, rid)
+            cpu_bare = (time.process_time() - cpu_bare0) / n * 1e6
         finally:
             await pool.close()
+    # The writer's share: from the stamp to the child's append returning (its commit,
+    # which sends the NOTIFY); this process's share: from that commit to the delivery.
+    commit = [(committed[r] - stamp) * 1000 for r, (stamp, _) in delivered.items()]
+    after_commit = [(now - committed[r]) * 1000 for r, (_, now) in delivered.items()]
     return [
         Row(
             "fanout",
@@ -184,5 +197,36 @@ async def fanout(b: Bench) -> list[Row]:
             f"{n} reads at once through the same pool",
             ratio(pct(lat, 99), pct(bare, 99)),
             note="one event on each of the runs at once",
+        ),
+        *(
+            Row(
+                "fanout",
+                f"{n} tails: {what} p{q}",
+                pct(values, q),
+                "ms",
+                None,
+                None,
+                pct(bare, q),
+                f"{n} reads at once through the same pool",
+                ratio(pct(values, q), pct(bare, q)),
+                note=note,
+            )
+            for what, values, note in (
+                ("emit commit", commit, "the child's append, included in delivery"),
+                ("delivery after commit", after_commit, "this process's share"),
+            )
+            for q in (50, 99)
+        ),
+        Row(
+            "fanout",
+            f"{n} tails: process CPU per delivered event",
+            cpu_event,
+            "us",
+            None,
+            None,
+            cpu_bare,
+            f"per read of {n} reads at once through the same pool",
+            ratio(cpu_event, cpu_bare),
+            note="release to last delivery, this process",
         ),
     ]

@@ -96,13 +96,19 @@ async def schema_guard(db: Database, schema: str) -> AsyncIterator[None]:
     try:
         yield
     except MISSING_SCHEMA as exc:
-        try:
-            async with statement_conn(db) as conn:
-                found = await run(conn, _schema.version(schema))
-        except psycopg.Error:
-            found = None  # e.g. the caller's transaction is aborted: say what we can
-        expected = _schema.latest_version()
-        raise SchemaOutOfDate(schema, found if found != expected else None, expected) from exc
+        raise await out_of_date(db, schema) from exc
+
+
+async def out_of_date(db: Database, schema: str) -> SchemaOutOfDate:
+    """The error that names the fix, after a statement found a relation missing (the
+    inside of :func:`schema_guard`, for a loop that catches :data:`MISSING_SCHEMA` itself)."""
+    try:
+        async with statement_conn(db) as conn:
+            found = await run(conn, _schema.version(schema))
+    except psycopg.Error:
+        found = None  # e.g. the caller's transaction is aborted: say what we can
+    expected = _schema.latest_version()
+    return SchemaOutOfDate(schema, found if found != expected else None, expected)
 
 
 async def perform(db: Database, schema: str, op: Operation[T]) -> T:

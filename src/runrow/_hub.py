@@ -14,9 +14,11 @@ silently stops the notifications.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import random
+from collections import deque
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
@@ -43,11 +45,20 @@ RECONNECTED = "\x00reconnected"
 
 
 class Subscription:
-    """A subscriber's view of one channel: a bounded buffer of hints."""
+    """A subscriber's view of one channel: a bounded buffer of hints.
+
+    Plain asyncio underneath (a deque and a future to wake on): the hub pushes to a
+    thousand of these at once when a thousand runs append together, and each tail
+    waits on its own again after every read, so the wake is kept cheap. Waiting is
+    cancelled by anyio's scopes like any other await.
+    """
 
     def __init__(self, channel: str, buffer: int) -> None:
         self.channel = channel
-        self._send, self._receive = anyio.create_memory_object_stream[str](buffer)
+        self._buffer = buffer
+        self._hints: deque[str] = deque()
+        self._waiters: list[asyncio.Future[None]] = []
+        self._closed = False
         self.dropped = 0
         self.notified = 0
         """How many notifications reached this subscription (``RECONNECTED`` wakes not
@@ -56,37 +67,66 @@ class Subscription:
     def _push(self, payload: str) -> None:
         if payload != RECONNECTED:
             self.notified += 1
-        try:
-            self._send.send_nowait(payload)
-        except anyio.WouldBlock:
+        if self._closed:
+            return
+        if len(self._hints) >= self._buffer:
             # Full: a wake is already pending, and the consumer re-reads rows anyway.
             self.dropped += 1
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            pass
+            return
+        self._hints.append(payload)
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     async def receive(self) -> str:
-        """The next hint's payload (``RECONNECTED`` after a (re)connect)."""
-        return await self._receive.receive()
+        """The next hint's payload (``RECONNECTED`` after a (re)connect); raises
+        :class:`anyio.EndOfStream` once the subscription has ended."""
+        while not self._hints:
+            await self._park(None)
+        return self._hints.popleft()
 
     async def wait(self, timeout: float) -> bool:
         """Waits for a hint for at most ``timeout`` seconds; True if one came."""
-        with anyio.move_on_after(timeout):
-            await self._receive.receive()
-            return True
-        return False
+        if not self._hints:
+            await self._park(timeout)
+            if not self._hints:
+                return False
+        self._hints.popleft()
+        return True
+
+    async def _park(self, timeout: float | None) -> None:
+        """Until a hint comes, or ``timeout`` seconds pass."""
+        if self._closed:
+            raise anyio.EndOfStream
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
+        self._waiters.append(waiter)
+        timer = None if timeout is None else loop.call_later(max(0.0, timeout), _wake, waiter)
+        try:
+            await waiter
+        finally:
+            if timer is not None:
+                timer.cancel()
+            self._waiters.remove(waiter)
+        if self._closed and not self._hints:
+            raise anyio.EndOfStream
 
     def drain(self) -> list[str]:
         """Takes every hint already buffered, without waiting."""
-        got = []
-        while True:
-            try:
-                got.append(self._receive.receive_nowait())
-            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
-                return got
+        got = list(self._hints)
+        self._hints.clear()
+        return got
 
     def _close(self) -> None:
-        self._send.close()
-        self._receive.close()
+        self._closed = True
+        self._hints.clear()
+        for waiter in self._waiters:
+            _wake(waiter)
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 class NotifyHub:

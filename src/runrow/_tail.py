@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING
@@ -12,7 +11,8 @@ import psycopg
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from ._db import Database, describe, schema_guard, statement_conn
+from . import _aio
+from ._db import MISSING_SCHEMA, Database, describe, out_of_date, statement_conn
 from ._errors import InvalidInput, RunNotFound
 from ._events import KEEPALIVE, TERMINAL_EVENT, Event
 from ._gateway import tail as _gw
@@ -20,6 +20,7 @@ from ._gateway._exec import configure_own, run
 from ._json import parse_run_id
 from ._models import TERMINAL
 from ._names import DEFAULT_SCHEMA, Channels, check_schema
+from ._tailbatch import batcher
 
 if TYPE_CHECKING:
     import uuid
@@ -58,7 +59,9 @@ async def tail(
     pooler, a dispatcher whose flushes announce nothing), it polls every ``poll`` seconds
     until rows come announced again. A ``from_seq`` past the last event of the run's journal raises
     :class:`InvalidInput` (a trimmed journal ends with a synthesised event instead).
-    Given a conninfo string, it keeps one connection of its own;
+    Given an ``AsyncConnectionPool``, the tails of a process that wake together share
+    one read (one statement for all of them). Given a conninfo string, it keeps one
+    connection of its own;
     ``prepared_statements=False`` is for a conninfo that points at a
     transaction-pooling pgbouncer.
     """
@@ -71,7 +74,7 @@ async def tail(
         if hub is not None and hub.running:
             sub = await stack.enter_async_context(hub.subscribe(Channels.for_schema(schema).events(rid)))
         stack.push_async_callback(_close_all, conn_box)
-        idle_since = anyio.current_time()
+        idle_since = _aio.now()
         backoff = poll
         # A connected hub's hints are trusted (an idle tail then waits for one, up to
         # the keepalive: a thousand tails of queued runs cost a read each per keepalive)
@@ -86,11 +89,11 @@ async def tail(
             hints = sub.notified if sub is not None else 0
             read = False
             try:
-                async with schema_guard(db, schema):
-                    rows, state = await _read(
-                        db, conn_box, own, schema, rid, cursor, batch, prepared_statements
-                    )
+                # (schema_guard's work, without a context manager per read: see _db.)
+                rows, state = await _read(db, conn_box, own, schema, rid, cursor, batch, prepared_statements)
                 read = True
+            except MISSING_SCHEMA as exc:
+                raise await out_of_date(db, schema) from exc
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                 # The database is unreachable for now: a tail waits it out (keepalives
                 # continue), reconnecting as needed. A dropped read only costs latency.
@@ -100,10 +103,7 @@ async def tail(
                     describe(exc),
                     extra={"run_id": str(rid)},
                 )
-                await _close_all(conn_box)
-                if isinstance(db, AsyncConnectionPool):
-                    with contextlib.suppress(Exception):
-                        await db.check()  # weed out the pool's dead connections
+                await _close_all(conn_box)  # (a pool's batcher checks the pool itself)
                 rows, state = [], None
                 backoff = min(backoff * 2, keepalive)
             if rows and not more and caught_up:
@@ -118,19 +118,21 @@ async def tail(
                 if event.type == TERMINAL_EVENT:
                     return
             if rows:
-                idle_since = anyio.current_time()
+                idle_since = _aio.now()
                 if len(rows) == batch:
                     continue
             elif state is not None and (ending := settle(state, cursor, rid)) is not None:
                 for event in ending:
                     yield event
                 return
-            now = anyio.current_time()
+            now = _aio.now()
             if now - idle_since >= keepalive:
                 yield Event(cursor, KEEPALIVE)
                 idle_since = now
             wait = max(0.0, idle_since + keepalive - now)
-            if sub is None or hub is None or not hub.connected or not trusted:
+            # A read that failed retries on its backoff: a hint may have come and gone
+            # with it (the reads of a batch fail together, so this is not one tail's wait).
+            if not read or sub is None or hub is None or not hub.connected or not trusted:
                 wait = min(wait, backoff)
             if sub is not None:
                 await sub.wait(wait)
@@ -159,6 +161,9 @@ async def _read(
             if prepared_statements:  # a direct connection (see configure_own)
                 await configure_own(conn)
         source: Database = conn_box[0]
+    elif isinstance(db, AsyncConnectionPool):
+        # The tails on a pool that wake together share one read (see _tailbatch).
+        return await batcher(db, schema).read(rid, cursor, batch)
     else:
         source = db
     async with statement_conn(source) as conn:

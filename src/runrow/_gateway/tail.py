@@ -3,6 +3,7 @@
 Its own module rather than part of ``reads``: a tail runs these two statements in a loop
 for as long as a client watches, on a connection it may keep, and the benchmarks time them.
 Both are plans (see :mod:`._exec`), run by the async tail and the sync one.
+:func:`read_events_many` is the read of many tails at once (see ``runrow._tailbatch``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from ._exec import Plan, Query
 
 if TYPE_CHECKING:
     import uuid
+    from collections.abc import Sequence
 
     from .._models import RunStatus
 
@@ -45,3 +47,41 @@ def run_terminal_state(schema: str, *, run_id: uuid.UUID) -> Plan[RunEnd | None]
     """The run's status and journal ending (see :class:`RunEnd`); None if there is no such run."""
     rows = yield Query(_sql.statement("run_terminal_state", schema), {"run_id": run_id})
     return RunEnd(*rows[0]) if rows else None
+
+
+class ReadRequest(NamedTuple):
+    """One tail's read in a batch: its run, its cursor and its batch size."""
+
+    run_id: uuid.UUID
+    after: int
+    limit: int
+
+
+def read_events_many(
+    schema: str, requests: Sequence[ReadRequest]
+) -> Plan[list[tuple[list[Event], RunEnd | None] | None]]:
+    """Many tails' reads as one statement: for each request, in order, what the single
+    read (``_tail.read_plan``) returns: ``(events, None)``, or ``([], ending)`` when
+    there are none past the cursor; None where there is no such run."""
+    rows = yield Query(
+        _sql.statement("read_events_many", schema),
+        {
+            "run_ids": [r.run_id for r in requests],
+            "afters": [r.after for r in requests],
+            "limits": [r.limit for r in requests],
+        },
+    )
+    out: list[tuple[list[Event], RunEnd | None] | None] = [None] * len(requests)
+    events: list[Event] | None = None
+    last = 0
+    for i, seq, type_, payload, status, error, journaled_end, last_seq in rows:
+        if seq is None:
+            if status is not None:
+                out[i - 1] = ([], RunEnd(status, error, journaled_end, last_seq))
+            continue
+        if i != last:  # rows come ordered by request, then seq
+            events, last = [], i
+            out[i - 1] = (events, None)
+        assert events is not None
+        events.append(Event(seq, type_, payload))
+    return out
