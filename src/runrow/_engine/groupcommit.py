@@ -14,6 +14,7 @@ no task waits, so nothing has to wake up to learn the result.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import TYPE_CHECKING, Generic, TypeVar
 
@@ -47,10 +48,12 @@ class WriterStopped(Exception):
 
 
 class _Slot(Generic[R]):
+    # A bare future, not an Event: one is made per write, and an Event costs a waiter
+    # list and a loop lookup on top of the future it wraps.
     __slots__ = ("done", "error", "result")
 
     def __init__(self) -> None:
-        self.done = _aio.Event()
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.result: R | None = None
         self.error: BaseException | None = None
 
@@ -90,11 +93,11 @@ class GroupCommit(Generic[T, R]):
         self._queue.append((item, slot))
         self._kick.set()
         if caller_shielded:
-            await slot.done.wait()
+            await slot.done
         else:
             with anyio.CancelScope(shield=True, deadline=_aio.now() + self._timeout + 5):
-                await slot.done.wait()
-        if not slot.done.is_set():
+                await slot.done
+        if not slot.done.done() or slot.done.cancelled():
             raise TimeoutError("database write did not finish in time")
         if slot.error is not None:
             raise slot.error
@@ -164,7 +167,8 @@ class GroupCommit(Generic[T, R]):
 def _finish(waiter: _Waiter[R], result: R | None, error: BaseException | None) -> None:
     if isinstance(waiter, _Slot):
         waiter.result, waiter.error = result, error
-        waiter.done.set()
+        if not waiter.done.done():
+            waiter.done.set_result(None)
         return
     try:
         waiter(result, error)
