@@ -18,7 +18,7 @@ import inspect
 import secrets
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from starlette.exceptions import HTTPException
 from starlette.responses import HTMLResponse, PlainTextResponse, Response
@@ -110,8 +110,7 @@ class AdminState:
             raise Refused(403, "Actions are not available here (read-only).")
         if request.method not in ("GET", "HEAD"):  # GET and HEAD only ever confirm
             _same_origin(request)
-            form = await request.form()
-            sent = form.get(CSRF_FIELD)
+            sent = await _form_field(request, CSRF_FIELD)
             cookie = request.cookies.get(CSRF_COOKIE)
             if not isinstance(sent, str) or cookie is None or not hmac.compare_digest(sent, cookie):
                 raise Refused(
@@ -217,3 +216,22 @@ EXCEPTION_HANDLERS: dict[Any, Callable[[Request, Exception], Coroutine[Any, Any,
     HTTPException: _http_error,
     ApiError: _api_error,
 }
+
+
+# The admin's forms carry one short field: more than this is not one of its forms.
+_MAX_FORM_BYTES = 4096
+
+
+async def _form_field(request: Request, name: str) -> str | None:
+    """One field of a URL-encoded form body, parsed here: Starlette's ``request.form()``
+    needs python-multipart even for these, a dependency the admin has no other use for."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "application/x-www-form-urlencoded":
+        return None
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > _MAX_FORM_BYTES:
+            return None
+    values = parse_qs(body.decode("latin-1"), max_num_fields=16).get(name)
+    return values[0] if values else None
