@@ -126,12 +126,7 @@ async def test_many_tails_on_one_pool_each_get_their_stream_exactly_once(dsn: st
     """300 tails on one pool of 3 and one hub while their runs append concurrently: each
     gets its run's whole journal once, in order, and their reads share statements."""
     n = 300
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        ids = [
-            (await runrow.enqueue(conn, schema=schema, conversation_id=f"c{i}", user_id="u", content="x")).id
-            for i in range(n)
-        ]
-        tokens = {c["id"]: c["claim_token"] for c in await manual.claim(conn, schema, limit=n)}
+    ids, tokens = await _claimed_runs(dsn, schema, n)
     got: dict[uuid.UUID, list[int]] = {rid: [] for rid in ids}
     rng = random.Random(24)
 
@@ -173,12 +168,8 @@ async def test_a_batch_that_fails_on_a_dropped_connection_lets_each_tail_recover
     """The pool's connections die under the tails: the batch that meets them fails for
     every tail in it, each retries, and each still gets its whole stream once."""
     n = 40
+    ids, tokens = await _claimed_runs(dsn, schema, n)
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        ids = [
-            (await runrow.enqueue(conn, schema=schema, conversation_id=f"c{i}", user_id="u", content="x")).id
-            for i in range(n)
-        ]
-        tokens = {c["id"]: c["claim_token"] for c in await manual.claim(conn, schema, limit=n)}
         got: dict[uuid.UUID, list[int]] = {rid: [] for rid in ids}
         app = f"tailbatch_{uuid.uuid4().hex[:8]}"
         caplog.set_level(logging.INFO, logger="runrow.journal")
@@ -292,3 +283,14 @@ async def test_a_statement_holds_a_bounded_number_of_rows(dsn: str, schema: str)
                     tg.start_soon(one, rid)
             assert b.statements - before == statements
             assert sorted(len(rows) for rows, _ in results) == [3, 3, 3]
+
+
+async def _claimed_runs(dsn: str, schema: str, n: int) -> tuple[list[uuid.UUID], dict[uuid.UUID, uuid.UUID]]:
+    """``n`` runs, one conversation each, claimed by hand: their ids, and their claim tokens."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        ids = [
+            (await runrow.enqueue(conn, schema=schema, conversation_id=f"c{i}", user_id="u", content="x")).id
+            for i in range(n)
+        ]
+        tokens = {c["id"]: c["claim_token"] for c in await manual.claim(conn, schema, limit=n)}
+    return ids, tokens
