@@ -242,8 +242,13 @@ async def test_everything_works_through_transaction_pooling(
     assert trimmed.runs == 13
 
     after = {r["database"]: r for r in _admin(bouncer, "SHOW STATS")}[dbname]
-    # The traffic really went through pgbouncer.
-    assert int(after["total_xact_count"]) - int(before.get("total_xact_count", 0)) > 100
+    # The traffic really went through pgbouncer, the dispatcher's included: the test's own
+    # calls make about 40 transactions (measured with the dispatcher connected directly),
+    # its claims, flushes, endings and heartbeats bring them to 100-110. (The bound was
+    # "> 100", set before claims folded into endings and tails batched their reads; a
+    # local CI run then counted exactly 100 and failed.)
+    xacts = int(after["total_xact_count"]) - int(before.get("total_xact_count", 0))
+    assert xacts > 70, xacts
 
 
 async def test_migrate_through_the_pooler(
