@@ -294,6 +294,16 @@ class _Context:
             reaped=frozenset(rid for rid in snap.runs if _ending_reason(snap, rid) == "worker_lost"),
         )
 
+    def faults_near(self, a: datetime, b: datetime) -> str:
+        """The faults active in [a - 5 s, b], for a violation's message: a bound that fails
+        should say what else was going on (a delay, a restart) without the run's artifacts."""
+        near = [
+            f"{f.kind}@{_secs(a, f.at):+.2f}s" + (f"..{_secs(a, f.ended_at):+.2f}s" if f.ended_at else "")
+            for f in self.snap.faults
+            if _secs(f.at, b) >= 0 and _secs(a, f.ended_at or f.at) >= -5.0
+        ]
+        return f"; faults near: {', '.join(near)}" if near else ""
+
     def life(self, run_id: uuid.UUID) -> _Life:
         """The run's life, empty (never claimed, never ended) when the log does not mention it."""
         return self.lives.get(run_id, _NO_LIFE)
@@ -514,7 +524,7 @@ def _recovery_bounded(ctx: _Context) -> list[str]:
             if took > bound:
                 out.append(
                     f"{f.kind} at {f.at.isoformat()}: victim {victim} ended {end.new_status} after "
-                    f"{took:.2f}s (bound {bound:.2f}s)"
+                    f"{took:.2f}s (bound {bound:.2f}s){ctx.faults_near(f.at, end.at)}"
                 )
     for run in ctx.snap.runs.values():
         if run.id not in ctx.reaped:
@@ -528,7 +538,7 @@ def _recovery_bounded(ctx: _Context) -> list[str]:
         if late > bound:
             out.append(
                 f"run {run.id} ({run.conversation_id}) reaped {late:.2f}s after its lease expired "
-                f"(bound grace+tick+slack = {bound:.2f}s)"
+                f"(bound grace+tick+slack = {bound:.2f}s)" + ctx.faults_near(end.old_claim_expires_at, end.at)
             )
     return out
 

@@ -341,6 +341,20 @@ async def test_reaped_long_after_lease_expired(world: World) -> None:
     result = await world.check()
     assert failing(result) == {"recovery_bounded"}
     assert "reaped" in result.violations["recovery_bounded"][0]
+    assert "faults near" not in result.violations["recovery_bounded"][0]
+
+
+async def test_a_late_reap_names_the_faults_around_it(world: World) -> None:
+    rid = await world.enqueue("r")
+    await world.start(rid, expires_in=-60)
+    await world.execute(  # a delay that is not an outage: the bound stays, the message explains
+        "INSERT INTO {c}.fault (kind, at, ended_at) "
+        "VALUES ('proxy_delay', clock_timestamp() - interval '59 seconds', clock_timestamp() - interval '57 seconds')"
+    )
+    assert await reap_expired(world.dsn, schema=world.schema, grace=2) == [rid]
+    result = await world.check()
+    assert failing(result) == {"recovery_bounded"}
+    assert "faults near: proxy_delay@+1." in result.violations["recovery_bounded"][0]
 
 
 async def test_outage_extends_the_recovery_bound(world: World) -> None:
