@@ -181,6 +181,31 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     )
 
 
+def test_every_diagram_is_an_svg_rendered_from_its_current_source() -> None:
+    """Diagrams are pre-rendered SVG images (docs/diagrams/render.py), so the site loads no
+    diagram script from a CDN. An edited ``.mmd`` whose SVGs were not rendered again, a
+    page that still holds a ``mermaid`` block, or a page that shows a diagram with no
+    source fails here."""
+    import hashlib
+
+    sources = sorted((DOCS / "diagrams").glob("*.mmd"))
+    assert sources
+    shown = "\n".join(p.read_text(encoding="utf-8") for p in DOCS.rglob("*.md"))
+    assert "```mermaid" not in shown, "a page holds a mermaid block: move it to docs/diagrams/"
+    for src in sources:
+        digest = hashlib.sha256(src.read_bytes()).hexdigest()
+        for variant in ("light", "dark"):
+            svg = DOCS / "assets" / "diagrams" / f"{src.stem}-{variant}.svg"
+            assert svg.exists(), f"{svg} is missing: run docs/diagrams/render.py"
+            head = svg.read_text(encoding="utf-8").splitlines()[0]
+            assert head == f"<!-- rendered from sha256:{digest} -->", (
+                f"{svg.name} was rendered from another version of {src.name}: run docs/diagrams/render.py"
+            )
+            assert f"assets/diagrams/{svg.name}#only-{variant}" in shown, f"no page shows {svg.name}"
+    for svg in (DOCS / "assets" / "diagrams").glob("*.svg"):
+        assert (DOCS / "diagrams" / f"{svg.stem.rsplit('-', 1)[0]}.mmd").exists(), f"{svg.name} has no source"
+
+
 def test_every_test_the_docs_cite_exists() -> None:
     """The guarantees page (and any page) cites tests as ``test_file.py::test_name``, and
     names after it in the same cell as bare ``test_name``: each must still exist there,
