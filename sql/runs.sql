@@ -552,11 +552,15 @@ LIMIT %(limit)s
 -- uncertain_tool_calls, which a worker's never does: ending_landed relies on it to tell
 -- a reaped ending from the worker's own.)
 WITH locked AS (
-    -- (in id order, as every batched writer: see heartbeat)
+    -- (in id order, as every batched writer: see heartbeat.) SKIP LOCKED: a row another
+    -- transaction holds is left to the next pass. Its holder is alive (a heartbeat, an
+    -- ending, a stop) or frozen mid-transaction (a worker stopped between a pipelined
+    -- fold's statements and its sync): waiting would hold every other run of the batch,
+    -- on every reaper, for as long as that process stays frozen.
     SELECT a.id, a.status AS was FROM {schema}.agent_run a
     WHERE a.id = ANY(%(ids)s::uuid[]) AND a.status IN ('running', 'waiting')
     ORDER BY a.id
-    FOR NO KEY UPDATE OF a
+    FOR NO KEY UPDATE OF a SKIP LOCKED
 ), fin AS (
     -- A waiting run whose wait is over ends `expired`, or `failed` if that was the
     -- turn's deadline.

@@ -42,12 +42,6 @@ async def _reap(conn: psycopg.AsyncConnection, schema: str, run_id: object) -> l
     return list(await manual.reap(conn, schema, ids, grace=5, now=now))
 
 
-async def _waiting_on_lock(conn: psycopg.AsyncConnection) -> bool:
-    cur = await conn.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
-    row = await cur.fetchone()
-    return bool(row and row[0] > 0)
-
-
 async def test_one_runs_seq_collision_does_not_hold_back_a_reaper_pass(
     dsn: str, schema: str, conn: psycopg.AsyncConnection
 ) -> None:
@@ -255,31 +249,57 @@ async def test_reaper_heartbeat_race_heartbeat_wins(
     assert await manual.reap(conn, schema, [run.id], grace=30, now=now + timedelta(minutes=5)) == [run.id]
 
 
-async def test_reaper_blocked_behind_a_heartbeat_rechecks_after_it(
+async def test_a_run_whose_row_a_heartbeat_holds_is_left_to_the_next_pass(
     dsn: str, schema: str, conn: psycopg.AsyncConnection
 ) -> None:
-    """The same race with real locks: the heartbeat holds the row; the reap waits, then no-ops."""
+    """The same race with real locks: the heartbeat holds the row; the reap skips it
+    (it does not wait), and once the heartbeat commits the run has a fresh lease, so
+    the next pass leaves it alone too."""
     run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
     (claimed,) = await manual.claim(conn, schema, lease=0.01)
     await wait_for(lambda: manual.reap_candidates(conn, schema, grace=0.01), what="the lease to lapse")
     beat = await psycopg.AsyncConnection.connect(dsn)
-    reaped: list[list[uuid.UUID]] = []
     try:
         await beat.execute("BEGIN")
         assert await manual.heartbeat(beat, schema, [(run.id, claimed["claim_token"])], lease=60)
-
-        async def reaper() -> None:
-            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as rc:
-                reaped.append(await manual.reap(rc, schema, [run.id], grace=0.01))
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(reaper)
-            await wait_for(lambda: _waiting_on_lock(conn), what="the reaper to wait on the row")
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as rc:
+            with anyio.fail_after(10):  # (waiting on the row would hang here until the commit)
+                assert await manual.reap(rc, schema, [run.id], grace=0.01) == []
             await beat.execute("COMMIT")
+            assert await manual.reap(rc, schema, [run.id], grace=0.01) == []
     finally:
         await beat.close()
-    assert reaped == [[]]
     assert await status_of(conn, schema, run.id) == "running"
+
+
+async def test_a_frozen_transaction_holding_one_lost_run_does_not_hold_back_the_others(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    """Chaos found reaps 2.3 s late: a worker frozen (SIGSTOP) between its fold's
+    pipelined statements and their sync keeps the rows its finalize touched locked, and
+    a reap that waited for one such row held back every lost run of its batch, on every
+    reaper, until the frozen process woke. Now the held run waits for the next pass alone."""
+    for c in ("a", "b", "c"):
+        await enqueue_turn(dsn, schema, c)
+    claimed = await manual.claim(conn, schema, limit=3, lease=30, worker_id="dead-worker")
+    held, *others = claimed
+    later = await manual.db_now(conn) + timedelta(hours=1)
+    frozen = await psycopg.AsyncConnection.connect(dsn)  # its transaction stays open
+    try:
+        await frozen.execute(
+            f'SELECT 1 FROM "{schema}".agent_run WHERE id = %s FOR NO KEY UPDATE', (held["id"],)
+        )
+        with anyio.fail_after(10):
+            reaped = await reap_expired(dsn, schema=schema, grace=1.0, now=later)
+        assert sorted(map(str, reaped)) == sorted(str(r["id"]) for r in others)
+        assert await status_of(conn, schema, held["id"]) == "running"
+        await frozen.rollback()  # the frozen process wakes (or dies): its lock goes
+        assert await reap_expired(dsn, schema=schema, grace=1.0, now=later) == [held["id"]]
+    finally:
+        await frozen.close()
+    for r in claimed:
+        assert await status_of(conn, schema, r["id"]) == "failed"
+        await assert_journal_sound(conn, schema, r["id"])
 
 
 async def test_heartbeat_and_reaper_keep_going_while_the_runs_hold_every_pooled_connection(

@@ -143,6 +143,6 @@ async def reap_expired(
             )
         if on_reaped is not None:
             on_reaped(len(ended))
-        if len(ids) < limit:
-            break
+        if len(ids) < limit or not ended:
+            break  # (none ended: the rest are held by others, for the next pass)
     return reaped
