@@ -411,12 +411,15 @@ WITH f AS (
     ORDER BY a.id
     FOR NO KEY UPDATE OF a
 ), fin AS (
-    -- (A park that finds a stop already asked for ends the run cancelled instead: its
-    -- input_requested becomes that stop's terminal event.)
+    -- A stop asked for while the run was running is what ends it, unless it completed:
+    -- a park or a failure that finds the stop already asked for (one that reached the
+    -- worker after the agent had raised, or never reached it) ends the run cancelled,
+    -- as the reaper does, and its terminal event becomes the stop's.
     UPDATE {schema}.agent_run a SET
-        status            = CASE WHEN f.status = 'waiting' AND a.cancel_requested THEN 'cancelled'
-                                 ELSE f.status END,
-        error             = f.error::jsonb,
+        status            = CASE WHEN f.status IN ('waiting', 'failed') AND a.cancel_requested
+                                 THEN 'cancelled' ELSE f.status END,
+        error             = CASE WHEN a.cancel_requested AND f.status = 'failed' THEN NULL
+                                 ELSE f.error::jsonb END,
         finished_at       = CASE WHEN f.status = 'waiting' AND NOT a.cancel_requested THEN NULL
                                  ELSE now() END,
         -- (The wait ends at its input timeout or the turn's deadline, whichever is first:
@@ -430,7 +433,7 @@ WITH f AS (
     -- (cancel_requested from the row as updated: a stop that committed while this
     -- waited for the row's lock is seen, and no retry follows it.)
     RETURNING a.id, a.conversation_id, a.tenant_key, f.partial, a.status, a.input_deadline_at,
-              f.retry IS TRUE AND NOT a.cancel_requested AS retry
+              f.retry IS TRUE AND NOT a.cancel_requested AS retry, f.status AS asked
 ), retried AS (
     -- An automatic retry (Dispatcher(retry=...)) commits with the ending: when the worker
     -- judged the failure retryable, no stop was asked for, attempts remain and no step
@@ -478,7 +481,8 @@ WITH f AS (
     SELECT e.run_id, e.seq,
            CASE WHEN e.type = 'input_requested' AND fin.status = 'cancelled' THEN 'complete'
                 ELSE e.type END,
-           CASE WHEN e.type = 'input_requested' AND fin.status = 'cancelled'
+           CASE WHEN e.type IN ('input_requested', 'complete') AND fin.status = 'cancelled'
+                     AND fin.asked <> 'cancelled'
                 THEN jsonb_build_object('status', 'cancelled', 'reason', 'stopped')
                 WHEN e.type = 'input_requested'
                 THEN e.payload::jsonb || jsonb_build_object('expires_at', fin.input_deadline_at)
@@ -492,7 +496,7 @@ WITH f AS (
 -- (The queued turn is looked up among the conversation's active turns: written as
 -- status = 'queued', statistics from before a burst had it walk a whole queue index,
 -- believed empty, for every run ended; "IS TRUE" implies no partial index's predicate.)
-SELECT fin.id,
+SELECT fin.id, fin.status,
        pg_notify(%(events_prefix)s || replace(fin.id::text, '-', ''), ''),
        CASE WHEN EXISTS (SELECT 1 FROM {schema}.agent_run q
                          WHERE q.conversation_id = fin.conversation_id
@@ -506,16 +510,20 @@ FROM fin
 -- name: ending_landed
 -- (Event names and payloads: the vocabulary in src/runrow/_events.py.)
 -- After an ending's answer was lost (connection cut) and its retry's fence matched
--- nothing: had the lost attempt committed? Only this claim's own ending leaves the run
--- with this status, this claim token and exactly this last event at this seq (the
+-- nothing: had the lost attempt committed, and as what? Only this claim's own ending
+-- leaves the run with this claim token and exactly this last event at this seq (the
 -- reaper's terminal event always lists the tool calls it found uncertain; a worker's
--- never does; a park's last event is its input_requested).
-SELECT EXISTS (
-    SELECT 1
-    FROM {schema}.agent_run a
-    JOIN {schema}.run_event e ON e.run_id = a.id AND e.seq = %(seq)s AND e.type = %(type)s
-    WHERE a.id = %(run_id)s AND a.claim_token = %(claim_token)s AND a.status = %(status)s
-      AND e.payload - 'expires_at' = %(payload)s::jsonb - 'expires_at')
+-- never does; a park's last event is its input_requested): as written, or, for a
+-- failure or a park that found a stop asked for, cancelled with the stop's terminal
+-- event (see finalize). The status recorded; no row if it had not landed.
+SELECT a.status
+FROM {schema}.agent_run a
+JOIN {schema}.run_event e ON e.run_id = a.id AND e.seq = %(seq)s
+WHERE a.id = %(run_id)s AND a.claim_token = %(claim_token)s
+  AND ((a.status = %(status)s AND e.type = %(type)s
+        AND e.payload - 'expires_at' = %(payload)s::jsonb - 'expires_at')
+       OR (a.status = 'cancelled' AND %(status)s IN ('failed', 'waiting') AND e.type = 'complete'
+           AND e.payload = jsonb_build_object('status', 'cancelled', 'reason', 'stopped')))
 
 -- name: reap_candidates
 -- Runs whose lease lapsed more than the grace ago, or whose deadline passed more than the

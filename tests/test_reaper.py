@@ -6,7 +6,6 @@ Every test of the reaper lives here (its module is ``runrow._engine.reaper``, it
 
 from __future__ import annotations
 
-import uuid
 from datetime import timedelta
 from typing import Any
 
@@ -198,9 +197,9 @@ async def test_a_reaped_deadline_ending_is_not_read_back_as_the_worker_s_own(
             events=[(seq, "complete", _json.dumps(terminal, "event"))],
         )
 
-    assert await endings.landed(conn, schema, ending(worker_s)) is False
-    # The read-back does say yes to the ending actually recorded.
-    assert await endings.landed(conn, schema, ending(recorded)) is True
+    assert await endings.landed(conn, schema, ending(worker_s)) is None
+    # The read-back does say yes to the ending actually recorded (and what it recorded).
+    assert await endings.landed(conn, schema, ending(recorded)) == "failed"
 
 
 async def test_reaper_fails_an_orphan_and_the_next_turn_runs(

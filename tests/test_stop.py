@@ -397,3 +397,73 @@ async def test_an_agent_that_fails_once_the_stop_reached_it_ends_cancelled(
     assert row["status"] == "cancelled" and row["error"] is None
     evs = await assert_journal_sound(conn, schema, run.id)
     assert evs[-1][2] == {"status": "cancelled", "reason": "stopped"}
+
+
+async def test_a_failure_that_meets_a_stop_the_worker_never_saw_is_recorded_cancelled(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    """The stop commits, and the agent raises before the worker hears of it (its
+    notification and its next heartbeat are still to come). The ending the worker asks
+    for is `failed`; the database records the stop's `cancelled`, as the reaper would
+    (seen twice in the long chaos run, under a proxy delay that timed out a write)."""
+    go = anyio.Event()
+    started = anyio.Event()
+
+    async def agent(run: runrow.RunContext) -> None:
+        await run.text("partial ")
+        started.set()
+        await go.wait()
+        raise TimeoutError("the write outlived its budget")
+
+    run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
+    # Long heartbeats and no notification: the stop cannot reach the worker in time.
+    async with runrow.Dispatcher(
+        dsn, agent, schema=schema, poll=0.1, heartbeat=10.0, lease=60.0, notifications=False
+    ) as d:
+        await started.wait()
+        await conn.execute(
+            sql.SQL("UPDATE {} SET cancel_requested = true WHERE id = %s").format(table(schema, "agent_run")),
+            (run.id,),
+        )
+        go.set()
+        await wait_for(lambda: is_terminal(conn, schema, run.id), what="the run to end")
+        await wait_for(lambda: d.get_stats()["cancelled"] == 1, what="the run counted cancelled")
+        assert d.get_stats()["failed"] == 0
+    row = await run_row(conn, schema, run.id)
+    assert row["status"] == "cancelled" and row["error"] is None
+    evs = await assert_journal_sound(conn, schema, run.id)
+    assert evs[-1][1:] == ("complete", {"status": "cancelled", "reason": "stopped"})
+
+
+async def test_a_stopped_failure_is_not_retried_and_reads_back_as_cancelled(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    """At the statement: a retryable failure of a run whose stop is asked for lands as
+    cancelled with no retry, and a worker whose answer was lost reads back that its own
+    ending landed, as cancelled (sql/runs.sql finalize and ending_landed)."""
+    from runrow._gateway import endings
+
+    from .test_retry import NOW
+
+    run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
+    (claimed,) = await manual.claim(conn, schema, lease=60, retry_policy=NOW.stamp())
+    assert (await runrow.cancel_run(dsn, run.id, schema=schema)).cancel_requested == [run.id]
+    seq = int(claimed["last_seq"]) + 1
+    error = {"type": "TimeoutError", "message": "slow"}
+    ending = endings.Ending(
+        run_id=run.id,
+        claim_token=claimed["claim_token"],
+        status="failed",
+        error=runrow._json.dumps(error, "error"),
+        partial="partial",
+        events=[(seq, "complete", runrow._json.dumps({"status": "failed", "error": error}, "event"))],
+        retry=True,
+    )
+    channels = runrow._names.Channels.for_schema(schema)
+    assert await endings.finalize(conn, schema, [ending], channels=channels) == {run.id: "cancelled"}
+    assert await endings.finalize(conn, schema, [ending], channels=channels) == {}  # sticky
+    assert await endings.landed(conn, schema, ending) == "cancelled"
+    runs = await runrow.list_runs(dsn, schema=schema, conversation_id="c")
+    assert [(r.id, r.status) for r in runs] == [(run.id, "cancelled")]  # no retry queued
+    evs = await assert_journal_sound(conn, schema, run.id)
+    assert evs[-1] == (seq, "complete", {"status": "cancelled", "reason": "stopped"})

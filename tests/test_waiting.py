@@ -286,7 +286,7 @@ async def test_a_park_that_meets_a_stop_already_asked_for_ends_cancelled(
         input_timeout=None,
     )
     landed = await endings.finalize(conn, schema, [park], channels=Channels.for_schema(schema))
-    assert landed == {run.id}
+    assert landed == {run.id: "cancelled"}  # what was recorded, not what was asked
     row = await run_row(conn, schema, run.id)
     assert row["status"] == "cancelled" and row["finished_at"] is not None
     evs = await assert_journal_sound(conn, schema, run.id)

@@ -106,13 +106,13 @@ class EndingWriter:
         active: ActiveRun,
         status: str,
         error: dict[str, Any] | None,
-        done: Callable[[bool], None],
+        done: Callable[[str | None], None],
         *,
         retry: bool = False,
         park: Park | None = None,
     ) -> None:
-        """Hands the run's fenced terminal write over; ``done(landed)`` is called exactly
-        once: when it has landed, or failed for good, or at the latest ``finalize_timeout``
+        """Hands the run's fenced terminal write over; ``done(recorded)`` is called exactly
+        once, with the status recorded or None if none was: when it has landed, or failed for good, or at the latest ``finalize_timeout``
         after the hand-over (a write still in flight then may yet land; the run is counted
         unrecorded, as the reaper would find it). The run's task does not wait for it:
         the writer calls back when the batch ends, so a run costs no wake-up after its write."""
@@ -136,12 +136,12 @@ class EndingWriter:
             # A flush of unknown outcome: our seq numbering cannot be trusted. Let the
             # reaper (max(seq)+1) record the ending.
             self._roster.unrecorded.add(active.id)
-            done(False)
+            done(None)
             return
         budget = self._settings.finalize_timeout
         loop = asyncio.get_running_loop()
         deadline = loop.time() + budget
-        answer = Answer(done, deadline)
+        answer = Answer(done, deadline, status)
         if park is not None:  # not an ending: the run waits for input (status waiting)
             events = journal.final_rows({"key": park.key, "request": park.request}, INPUT_REQUESTED)
         else:
@@ -239,8 +239,10 @@ class EndingWriter:
                         if not landed:
                             # The fence matched nothing: maybe the failed attempt had
                             # committed and only its answer was lost.
-                            landed = await self._read_back(handed.ending)
-                            if landed:
+                            recorded = await self._read_back(handed.ending)
+                            landed = recorded is not None
+                            if recorded is not None:
+                                answer.recorded = recorded
                                 log.info(
                                     "finalize of run %s: an earlier attempt had landed (its answer was lost)",
                                     active.id,
@@ -258,7 +260,7 @@ class EndingWriter:
             if not answer.answered:  # the task was cancelled (shutdown past every budget)
                 self._failed(active, WriterStopped("the dispatcher shut down"), attempt, answer)
 
-    async def _read_back(self, ending: _endings.Ending) -> bool:
+    async def _read_back(self, ending: _endings.Ending) -> str | None:
         try:
             async with statement_conn(self._pool()) as conn:
                 return await _endings.landed(conn, self._settings.schema, ending)
@@ -315,9 +317,13 @@ class EndingWriter:
         finally:
             for h in sent:
                 h.answer.sent = False
+        for h in sent:
+            recorded = landed.get(h.ending.run_id)
+            if recorded is not None:
+                h.answer.recorded = recorded
         return [(h.ending.run_id in landed) if ok else None for h, ok in zip(items, fits, strict=True)]
 
-    async def _send(self, sent: list[Handed], left: float, riders: list[ActiveRun]) -> set[uuid.UUID]:
+    async def _send(self, sent: list[Handed], left: float, riders: list[ActiveRun]) -> dict[uuid.UUID, str]:
         """One finalize of ``sent`` (bounded to ``left`` seconds); with ``riders``, the claim
         for their slots follows it in the same transaction and round trip. Every rider's
         slot is passed on (claimed runs) or freed, however this ends.

@@ -31,23 +31,26 @@ class Answer:
     """A run's ending is answered once (landed or not), by whichever comes first: the
     writer, a retry, or the budget timer; later answers are ignored. ``deadline`` is
     when the budget ends (loop time); ``sent`` is true while an attempt is with the
-    server and not yet answered."""
+    server and not yet answered; ``recorded`` is the status the database recorded (the
+    one asked for, unless a stop turned a failure or a park into ``cancelled``)."""
 
-    __slots__ = ("answered", "deadline", "done", "sent", "timer")
+    __slots__ = ("answered", "deadline", "done", "recorded", "sent", "timer")
 
-    def __init__(self, done: Callable[[bool], None], deadline: float) -> None:
+    def __init__(self, done: Callable[[str | None], None], deadline: float, status: str) -> None:
         self.done = done
         self.deadline = deadline
+        self.recorded = status
         self.answered = False
         self.sent = False
         self.timer: asyncio.TimerHandle | None = None
 
     def __call__(self, landed: bool) -> None:
+        """Answers the run: ``done(status recorded)``, or ``done(None)`` if it did not land."""
         if not self.answered:
             self.answered = True
             if self.timer is not None:
                 self.timer.cancel()
-            self.done(landed)
+            self.done(self.recorded if landed else None)
 
 
 class Handed:

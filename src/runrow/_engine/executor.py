@@ -229,10 +229,15 @@ class Executor:
         error: dict[str, Any] | None,
         started: float,
         extra: dict[str, str],
-        landed: bool,
+        recorded: str | None,
     ) -> None:
-        """The run's ending landed (or failed for good): report it and let the run go.
-        Called from the ending writer's task (or a retry's), not the run's."""
+        """The run's ending landed as ``recorded`` (or, None, failed for good): report it
+        and let the run go. Called from the ending writer's task (or a retry's), not the run's."""
+        landed = recorded is not None
+        if recorded is not None and recorded != status:
+            # A stop asked for before the ending committed (one that had not reached this
+            # worker yet, say): the database recorded the failure or the park as cancelled.
+            status, error = recorded, None
         try:
             took = _aio.now() - started
             ctx = active.ctx

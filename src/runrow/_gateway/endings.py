@@ -71,9 +71,10 @@ async def finalize(
     channels: Channels,
     local_bound_ms: int | None = None,
     session_bound_ms: int | None = None,
-) -> set[uuid.UUID]:
+) -> dict[uuid.UUID, str]:
     """Writes the endings in one statement, each fenced by its claim; returns the runs
-    whose ending landed. ``local_bound_ms`` bounds this statement alone (a setting local
+    whose ending landed, with the status recorded (a failure or a park that found a
+    stop asked for is recorded ``cancelled``). ``local_bound_ms`` bounds this statement alone (a setting local
     to its implicit transaction, pipelined ahead of it: same round trip, and JIT off);
     ``session_bound_ms`` sets the bound for the connection's session first (undo it
     with :func:`unset_session_bound` before the connection serves anything else)."""
@@ -92,7 +93,7 @@ async def finalize(
                     _sql.statement("ending_budget", schema), {"timeout": f"{local_bound_ms}ms"}
                 )
             await cur.execute(_sql.statement("finalize", schema), params)
-    return {row[0] for row in await cur.fetchall()}
+    return {row[0]: row[1] for row in await cur.fetchall()}
 
 
 async def finalize_then_claim(
@@ -104,7 +105,7 @@ async def finalize_then_claim(
     channels: Channels,
     local_bound_ms: int | None = None,
     session_bound_ms: int | None = None,
-) -> tuple[set[uuid.UUID], list[claims.ClaimedRun]]:
+) -> tuple[dict[uuid.UUID, str], list[claims.ClaimedRun]]:
     """:func:`finalize`, then the claim for the slots those runs free, pipelined: one
     round trip and one transaction (the statements between two pipeline syncs form one
     implicit transaction), so a steady run costs one commit, not two.
@@ -126,7 +127,7 @@ async def finalize_then_claim(
             await conn.execute(_sql.statement("ending_budget", schema), {"timeout": f"{local_bound_ms}ms"})
         await cur.execute(_sql.statement("finalize", schema), params)
         await claimed.execute(query, claim_params)
-    landed = {row[0] for row in await cur.fetchall()}
+    landed = {row[0]: row[1] for row in await cur.fetchall()}
     return landed, await claims.fetch(claimed)
 
 
@@ -135,8 +136,9 @@ async def unset_session_bound(conn: AsyncConnection, schema: str) -> None:
     await conn.execute(_sql.statement("ending_budget_unset", schema))
 
 
-async def landed(conn: AsyncConnection, schema: str, ending: Ending) -> bool:
-    """Whether ``ending`` is the one recorded (an earlier attempt whose answer was lost)."""
+async def landed(conn: AsyncConnection, schema: str, ending: Ending) -> str | None:
+    """The status recorded if ``ending`` is the one recorded (an earlier attempt whose
+    answer was lost), else None."""
     seq, etype, payload = ending.events[-1]  # the terminal event (a park's input_requested)
     cur = await execute(
         conn,
@@ -151,4 +153,4 @@ async def landed(conn: AsyncConnection, schema: str, ending: Ending) -> bool:
         },
     )
     row = await cur.fetchone()
-    return bool(row and row[0])
+    return None if row is None else str(row[0])
