@@ -112,9 +112,10 @@ class EndingWriter:
         park: Park | None = None,
     ) -> None:
         """Hands the run's fenced terminal write over; ``done(recorded)`` is called exactly
-        once, with the status recorded or None if none was: when it has landed, or failed for good, or at the latest ``finalize_timeout``
-        after the hand-over (a write still in flight then may yet land; the run is counted
-        unrecorded, as the reaper would find it). The run's task does not wait for it:
+        once, with the status recorded (None if none was): when it has landed, or failed
+        for good, or at the latest ``finalize_timeout`` after the hand-over (a write still
+        in flight then may yet land; the run is counted unrecorded, as the reaper would
+        find it). The run's task does not wait for it:
         the writer calls back when the batch ends, so a run costs no wake-up after its write."""
         active.finishing = True
         # The agent is done: its slot can take the next run while the ending is written

@@ -74,8 +74,9 @@ async def finalize(
 ) -> dict[uuid.UUID, str]:
     """Writes the endings in one statement, each fenced by its claim; returns the runs
     whose ending landed, with the status recorded (a failure or a park that found a
-    stop asked for is recorded ``cancelled``). ``local_bound_ms`` bounds this statement alone (a setting local
-    to its implicit transaction, pipelined ahead of it: same round trip, and JIT off);
+    stop asked for is recorded ``cancelled``). ``local_bound_ms`` bounds this statement
+    alone (a setting local to its implicit transaction, pipelined ahead of it: same
+    round trip, and JIT off);
     ``session_bound_ms`` sets the bound for the connection's session first (undo it
     with :func:`unset_session_bound` before the connection serves anything else)."""
     params = finalize_params(endings, channels)
