@@ -76,6 +76,34 @@ async def test_a_retryable_failure_is_retried_in_the_same_commit_until_it_succee
     assert [m.content for m in await runrow.transcript(dsn, "c", schema=schema)] == ["hi", "third time lucky"]
 
 
+async def test_an_answer_written_before_the_failure_is_in_the_transcript_once(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    """Attempt 1 writes the turn's answer, then fails (or its worker dies before the
+    ending: the same for the transcript). The retry replays the turn and writes the same
+    answer: it finds it written (the n-th message of a turn has one id across attempts)
+    instead of adding it twice. test_steps_kill.py found the duplicate under kill -9."""
+    ids: list[uuid.UUID] = []
+
+    async def agent(run: runrow.RunContext) -> None:
+        ids.append(await run.write_message("the answer"))
+        ids.append(await run.write_message("and a footnote"))
+        if run.attempt == 1:
+            raise TimeoutError("the model timed out after answering")
+
+    async with runrow.Dispatcher(dsn, agent, schema=schema, retry=NOW, **FAST):
+        first = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="hi")
+        runs = await _settled(conn, schema, first.id)
+    assert [r["status"] for r in runs] == ["failed", "completed"]
+    assert ids[:2] == ids[2:]  # the retry got back the ids the first attempt wrote
+    transcript = await runrow.transcript(dsn, "c", schema=schema)
+    assert [(m.role, m.content) for m in transcript] == [
+        ("user", "hi"),
+        ("assistant", "the answer"),
+        ("assistant", "and a footnote"),
+    ]
+
+
 async def test_retries_stop_at_max_attempts(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
     async def agent(run: runrow.RunContext) -> None:
         raise RuntimeError("always")

@@ -139,9 +139,10 @@ class RunContext:
         if role not in ("assistant", "tool", "system"):
             raise InvalidInput("role", "must be 'assistant', 'tool' or 'system'")
         body = _json.dumps(content, "content", self._host.settings.max_event_bytes)
-        # The n-th message of the run has the same id on every pass: a resumed run's
-        # replay gets back the id of the message it wrote before it paused (and writes
-        # nothing again).
+        # The n-th message of the turn has the same id on every pass and every attempt: a
+        # resumed run's replay gets back the id of the message it wrote before it paused,
+        # and a retry whose earlier attempt wrote it before dying finds it written (the
+        # turn's answer is in the transcript once).
         message_id = self._message_id(self._messages)
         self._messages += 1
         if self._journal.muted:
@@ -184,10 +185,11 @@ class RunContext:
                         written = await messages.write(conn, schema, **params)
                 if written:
                     return True
-                if attempt == 1:
-                    return False  # the fence matched nothing (a fresh id cannot conflict)
-                # A retry wrote nothing: the fence, or an earlier attempt that landed
-                # after all (its id conflicts). The read-back below tells which.
+                if attempt == 1 and self._row.lineage_id is None:
+                    return False  # the fence matched nothing (a first attempt's id is fresh)
+                # Nothing written: the fence, or the id taken by an earlier write (this
+                # one's, whose answer was lost, or an earlier attempt's of this turn, for a
+                # retry). The read-back below tells which.
             except _TRANSIENT as exc:
                 if anyio.current_time() + delay > deadline:
                     raise
@@ -317,8 +319,9 @@ class RunContext:
         return [m for m in found if m.run_id != self.run_id or m.id in written]
 
     def _message_id(self, n: int) -> uuid.UUID:
-        """The id of the run's n-th message (the same on every pass of a resumed run)."""
-        return uuid.uuid5(self.run_id, f"message:{n}")
+        """The id of the turn's n-th message: the same on every pass of a resumed run and
+        on every attempt of a retried turn (named after its first attempt's id)."""
+        return uuid.uuid5(self._row.lineage_id or self.run_id, f"message:{n}")
 
 
 class Agent(Protocol):
