@@ -843,20 +843,21 @@ def test_every_async_agent_shape_is_accepted(agent: Any) -> None:
 @pytest.mark.parametrize(
     ("opt_in", "message", "expected"),
     [
+        (None, "model exploded", "failed: ValueError: model exploded (details: runrow runs show {id})"),
         (False, "model exploded", "failed: ValueError (details: runrow runs show {id})"),
         (True, "model exploded", "failed: ValueError: model exploded (details: runrow runs show {id})"),
         # One line, at most 300 characters, however the agent wrote it.
         (True, "line one\n  line two", "failed: ValueError: line one line two (details: runrow runs"),
         (True, "x" * 1000, "failed: ValueError: " + "x" * 297 + "... (details: runrow runs"),
     ],
-    ids=["type-only-by-default", "opted-in", "one-line", "cut-short"],
+    ids=["message-by-default", "type-only-when-off", "on", "one-line", "cut-short"],
 )
 async def test_a_failed_run_logs_its_error(
     dsn: str,
     schema: str,
     conn: psycopg.AsyncConnection,
     caplog: pytest.LogCaptureFixture,
-    opt_in: bool,
+    opt_in: bool | None,
     message: str,
     expected: str,
 ) -> None:
@@ -864,7 +865,8 @@ async def test_a_failed_run_logs_its_error(
         raise ValueError(message)
 
     with caplog.at_level(logging.INFO, logger="runrow.dispatcher"):
-        async with runrow.Dispatcher(dsn, agent, schema=schema, log_error_messages=opt_in, **FAST):
+        switch = {} if opt_in is None else {"log_error_messages": opt_in}
+        async with runrow.Dispatcher(dsn, agent, schema=schema, **switch, **FAST):
             run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="hi")
             await wait_for(lambda: is_terminal(conn, schema, run.id), what="terminal")
             await wait_for(
@@ -872,11 +874,11 @@ async def test_a_failed_run_logs_its_error(
                 what="the log line",
             )
     (line,) = [r for r in caplog.records if f"run {run.id} failed" in r.getMessage()]
-    # By default the type says what failed it; the message may quote a user, so it stays
-    # in the row (tests/test_logging.py: logs never carry what users wrote) and the line
-    # says where. A host that opts in gets the message too, on one short line.
+    # By default the line says what failed it, type and message, on one short line, and
+    # where to read the rest. log_error_messages=False keeps the message (which may quote
+    # a user) out of logs, in the row only (tests/test_logging.py).
     assert expected.format(id=run.id) in line.getMessage()
-    assert (message[:8] in line.getMessage()) is opt_in
+    assert (message[:8] in line.getMessage()) is (opt_in is not False)
     assert "\n" not in line.getMessage() and len(line.getMessage()) < 450
     assert line.levelno == logging.WARNING
 

@@ -32,7 +32,7 @@ async def test_server_error_descriptions_leave_out_row_data(
     assert SECRET not in text and "23514" in text and "check constraint" in text  # ...describe() does not
 
 
-async def test_a_run_logs_ids_and_outcomes_but_no_content(
+async def test_a_run_logs_ids_and_outcomes_but_no_content_when_error_messages_are_off(
     dsn: str, schema: str, conn: psycopg.AsyncConnection, caplog: pytest.LogCaptureFixture
 ) -> None:
     async def agent(run: runrow.RunContext) -> None:
@@ -42,7 +42,9 @@ async def test_a_run_logs_ids_and_outcomes_but_no_content(
             raise ValueError(f"agent error quoting {SECRET}")
 
     caplog.set_level(logging.DEBUG, logger="runrow")
-    async with runrow.Dispatcher(dsn, agent, schema=schema, poll=0.5):
+    # Error messages are logged by default (they may quote a user, as this one does);
+    # log_error_messages=False is the switch for logs that must never carry content.
+    async with runrow.Dispatcher(dsn, agent, schema=schema, poll=0.5, log_error_messages=False):
         runs = [
             await runrow.enqueue(
                 dsn, schema=schema, conversation_id="c", user_id="u", content=c, request={"k": SECRET}

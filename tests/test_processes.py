@@ -429,12 +429,13 @@ async def test_cli_worker_json_reports_ready_and_drain_and_logs_json(
     assert all({"time", "level", "logger", "message"} <= line.keys() for line in logs)
 
 
-@pytest.mark.parametrize("opt_in", [False, True], ids=["default", "log-error-messages"])
-async def test_cli_worker_logs_error_messages_only_when_asked(
+@pytest.mark.parametrize("opt_in", [True, False], ids=["default", "no-log-error-messages"])
+async def test_cli_worker_logs_error_messages_unless_told_not_to(
     dsn: str, schema: str, conn: psycopg.AsyncConnection, workers: Workers, opt_in: bool
 ) -> None:
-    """A failed run's log line names the error's type; `--log-error-messages` adds its message."""
-    proc = workers.cli(dsn, schema, "failing_agent", *(["--log-error-messages"] if opt_in else []))
+    """A failed run's log line names the error's type and message; `--no-log-error-messages`
+    leaves the message out."""
+    proc = workers.cli(dsn, schema, "failing_agent", *([] if opt_in else ["--no-log-error-messages"]))
     run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="left-pad")
     await wait_for(lambda: _is(conn, schema, run.id, "failed"), what="the run to fail")
     assert proc.stderr is not None

@@ -97,8 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     w.add_argument(
         "--log-error-messages",
-        action="store_true",
-        help="log a failed run's error message, not only its type (a message may quote user content)",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="log a failed run's error message with its type; --no-log-error-messages logs the type "
+        "only, for logs that must not carry user content (an error may quote it) (default: %(default)s)",
     )
 
     r = sub.add_parser("runs", help="inspect, follow, cancel or retry runs")

@@ -88,8 +88,9 @@ class Dispatcher:
     ``retry`` (None: never) retries failed runs automatically, as new runs of the same
     turn, by a :class:`~runrow.RetryPolicy`; at-most-once stays the default.
 
-    A failed run's log line names its error's type; ``log_error_messages=True`` adds the
-    error's message (off by default: a message may quote what a user wrote).
+    A failed run's log line names its error's type and message (one line, cut at 300
+    characters); ``log_error_messages=False`` leaves the message out, for logs that must
+    never carry what a user wrote (an agent's error may quote it).
 
     ``claim_order="fair"`` (default) claims fairly across tenants (see the ``claim``
     statement in ``sql/runs.sql``: fewest running runs relative to the tenant's weight,
@@ -123,7 +124,7 @@ class Dispatcher:
         prepared_statements: bool = True,
         listen_conninfo: str | None = None,
         claim_order: ClaimOrder = "fair",
-        log_error_messages: bool = False,
+        log_error_messages: bool = True,
         retry: RetryPolicy | None = None,
     ) -> None:
         check_agent(agent)

@@ -257,9 +257,8 @@ class Executor:
                 if error is None:
                     log.info("run %s %s", active.id, status, extra={**extra, "status": status})
                 else:
-                    # What failed it, by type: the message stays in the run's row and
-                    # journal, since it may quote what a user wrote; logs carry it only
-                    # when the host opted in (log_error_messages).
+                    # What failed it: the type, and the message unless the host keeps
+                    # it out of logs (log_error_messages=False: it may quote a user).
                     said = _said(error) if self._settings.log_error_messages else ""
                     log.warning(
                         "run %s %s: %s%s (details: runrow runs show %s)",

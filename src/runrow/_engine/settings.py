@@ -39,7 +39,7 @@ class Settings:
     prepared_statements: bool
     listen_conninfo: str | None
     notifications: bool
-    log_error_messages: bool = False
+    log_error_messages: bool = True
     retry: RetryPolicy | None = None
     retry_stamp: str | None = None
     """The retry policy as each claim stamps it on its runs (None: no automatic retry)."""
@@ -67,7 +67,7 @@ class Settings:
         prepared_statements: bool,
         listen_conninfo: str | None,
         notifications: bool,
-        log_error_messages: bool = False,
+        log_error_messages: bool = True,
         retry: RetryPolicy | None = None,
     ) -> Settings:
         """The settings, with defaults filled in, or :class:`ConfigurationError` naming
