@@ -883,6 +883,57 @@ async def test_a_failed_run_logs_its_error(
     assert line.levelno == logging.WARNING
 
 
+@pytest.mark.parametrize(
+    ("held", "what"),
+    [("message", "a transcript write (write_message)"), ("run_step", "a step's record (run.step)")],
+    ids=["transcript-write", "step-record"],
+)
+async def test_a_write_that_outlives_its_budget_fails_the_run_with_an_error_that_names_it(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection, held: str, what: str
+) -> None:
+    """The budget's deadline used to surface as a bare TimeoutError, recorded with an
+    empty message: the run's row (and the log line) then said nothing about what timed
+    out. It is still a TimeoutError (a retry policy's retry_on matches it as before)."""
+    go = anyio.Event()
+    seen: list[BaseException] = []
+
+    async def agent(run: runrow.RunContext) -> None:
+        await go.wait()
+        try:
+            if held == "message":
+                await run.write_message("the answer")
+            else:
+                await run.step("lookup", lambda: 42)
+        except BaseException as exc:
+            seen.append(exc)
+            raise
+
+    settings = {**FAST, "lease": 3.0, "heartbeat": 0.3}  # each write may take lease / 2 = 1.5 s
+    async with (
+        await psycopg.AsyncConnection.connect(dsn) as locker,
+        runrow.Dispatcher(dsn, agent, schema=schema, **settings),
+    ):
+        run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="hi")
+
+        async def claimed() -> bool:
+            return await status_of(conn, schema, run.id) == "running"
+
+        await wait_for(claimed, what="the claim")
+        # The write's table is locked until the write has given up: it cannot land.
+        await locker.execute(sql.SQL("LOCK TABLE {} IN EXCLUSIVE MODE").format(table(schema, held)))
+        go.set()
+        await wait_for(lambda: seen, what="the write to give up")
+        await locker.rollback()
+        await wait_for(lambda: is_terminal(conn, schema, run.id), what="the ending")
+    assert isinstance(seen[0], TimeoutError)
+    row = await run_row(conn, schema, run.id)
+    assert row["status"] == "failed"
+    assert row["error"]["type"] == "TimeoutError"
+    assert row["error"]["message"] == (
+        f"{what} did not land within 1.5s (half the lease): the database was slow or unreachable"
+    )
+
+
 @pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan])
 @pytest.mark.parametrize(
     "option", ["lease", "heartbeat", "grace", "poll", "reap_interval", "flush_interval", "finalize_timeout"]

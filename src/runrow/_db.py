@@ -140,6 +140,18 @@ def describe(exc: BaseException) -> str:
     return f"{name}: {exc}" if str(exc) else name
 
 
+def out_of_budget(exc: BaseException, what: str, seconds: float) -> TimeoutError | None:
+    """For a retried write that gives up on ``exc``: when ``exc`` is the bare
+    ``TimeoutError`` of a deadline, which tells whoever reads the run's error nothing, a
+    ``TimeoutError`` (still, for retry policies) naming the write and its budget, to raise
+    from it; None to raise ``exc`` as it is."""
+    if not isinstance(exc, TimeoutError) or str(exc):
+        return None
+    return TimeoutError(
+        f"{what} did not land within {seconds:g}s (half the lease): the database was slow or unreachable"
+    )
+
+
 # How long giving a kept connection back may spend taking a session setting off.
 _UNDO_SECONDS = 2.0
 

@@ -10,7 +10,7 @@ import anyio
 import psycopg
 
 from .. import _json
-from .._db import describe, statement_conn
+from .._db import describe, out_of_budget, statement_conn
 from .._errors import InvalidInput, LeaseLost
 from .._events import CONTENT_DELTA
 from .._gateway import messages, reads
@@ -38,6 +38,7 @@ T = TypeVar("T")
 
 # Failures that leave a write's outcome unknown: read it back before retrying.
 _TRANSIENT = (psycopg.OperationalError, psycopg.InterfaceError, TimeoutError)
+_TRANSCRIPT_WRITE = "a transcript write (write_message)"  # as a timed-out run's error names it
 
 
 class RunHost(Protocol):
@@ -192,6 +193,8 @@ class RunContext:
                 # retry). The read-back below tells which.
             except _TRANSIENT as exc:
                 if anyio.current_time() + delay > deadline:
+                    if (named := out_of_budget(exc, _TRANSCRIPT_WRITE, budget)) is not None:
+                        raise named from exc
                     raise
                 self._host.db_trouble()
                 log.info(
@@ -215,8 +218,10 @@ class RunContext:
                             )
                     landed, owned = got.landed, got.owned
                     break
-                except _TRANSIENT:
+                except _TRANSIENT as exc:
                     if anyio.current_time() + delay > deadline:
+                        if (named := out_of_budget(exc, _TRANSCRIPT_WRITE, budget)) is not None:
+                            raise named from exc
                         raise
             if landed:
                 return True

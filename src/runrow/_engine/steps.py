@@ -20,7 +20,7 @@ import anyio
 import psycopg
 
 from .. import _json
-from .._db import statement_conn
+from .._db import out_of_budget, statement_conn
 from .._errors import InvalidInput, LeaseLost, StepFailed, StepMismatch, StepUncertain
 from .._gateway import steps as _gw
 from .roster import Park
@@ -226,15 +226,18 @@ class Steps:
         """Runs ``call`` on a pooled connection, sending it again after a transient
         failure (every step statement is safe to repeat) for up to half the lease."""
         settings = self._host.settings
-        deadline = anyio.current_time() + settings.lease / 2
+        budget = settings.lease / 2
+        deadline = anyio.current_time() + budget
         delay = 0.05
         while True:
             try:
                 with anyio.fail_after(max(deadline - anyio.current_time(), delay)):
                     async with statement_conn(self._host.pool()) as conn:
                         return await call(conn, settings.schema)
-            except _TRANSIENT:
+            except _TRANSIENT as exc:
                 if anyio.current_time() + delay > deadline:
+                    if (named := out_of_budget(exc, "a step's record (run.step)", budget)) is not None:
+                        raise named from exc
                     raise
                 self._host.db_trouble()
                 log.info("step write of run %s failed; sending it again", self._run_id)
