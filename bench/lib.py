@@ -18,7 +18,7 @@ import psycopg
 from psycopg import sql
 
 import runrow
-from runrow._gateway import endings, journal, statement_text
+from runrow._gateway import endings, journal, statement_positional, statement_text
 from runrow._names import Channels
 
 if TYPE_CHECKING:
@@ -325,6 +325,13 @@ class Bench:
 def statement(name: str, schema: str) -> bytes:
     """A runrow SQL statement (sql/*.sql) rendered for ``schema``: the bare baselines run these."""
     return statement_text(name, schema)
+
+
+def positional(name: str, schema: str) -> Any:
+    """The statement with ``$n`` placeholders, as runrow sends the claim and finalize (on a
+    ``psycopg.AsyncRawCursor``: ``cur.execute(p.query, p.bind(params))``). The bare loops
+    send them so too, so that a baseline pays the same driver cost per statement."""
+    return statement_positional(name, schema)
 
 
 _COMPLETED = '{"status": "completed"}'

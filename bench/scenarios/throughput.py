@@ -16,6 +16,7 @@ from lib import (
     child,
     finalize_params,
     poll_until,
+    positional,
     ratio,
     statement,
     summary,
@@ -217,8 +218,8 @@ async def drain_bare(b: Bench, schema: str, n: int, workers: int, batch: int, op
     append_events), sent with plain psycopg on autocommit connections: one round trip each.
     """
     await _enqueue_ops(b, schema, n, op)
-    claim = statement("claim", schema)
-    finalize = statement("finalize", schema)
+    claim = positional("claim", schema)
+    finalize = positional("finalize", schema)
     append = statement("append_events", schema)
     ch = channels(schema)
     conns = await _connections(b.conninfo, workers)
@@ -227,15 +228,18 @@ async def drain_bare(b: Bench, schema: str, n: int, workers: int, batch: int, op
     async def worker(conn: psycopg.AsyncConnection) -> None:
         nonlocal done
         while True:
-            cur = await conn.execute(
-                claim,
-                {
-                    "limit": batch,
-                    "lease_seconds": 30.0,
-                    "worker_id": "bare",
-                    "now": None,
-                    "retry_policy": None,
-                },
+            cur = psycopg.AsyncRawCursor(conn)
+            await cur.execute(
+                claim.query,
+                claim.bind(
+                    {
+                        "limit": batch,
+                        "lease_seconds": 30.0,
+                        "worker_id": "bare",
+                        "now": None,
+                        "retry_policy": None,
+                    }
+                ),
             )
             got = await cur.fetchall()
             if not got:
@@ -258,10 +262,13 @@ async def drain_bare(b: Bench, schema: str, n: int, workers: int, batch: int, op
                     ),
                 )
                 seq = [s + 2 for s in seq]
-            cur = await conn.execute(
-                finalize,
-                finalize_params(
-                    ch, list(zip(ids, tokens, seq, strict=True)), partial="x" if op == "full" else None
+            cur = psycopg.AsyncRawCursor(conn)
+            await cur.execute(
+                finalize.query,
+                finalize.bind(
+                    finalize_params(
+                        ch, list(zip(ids, tokens, seq, strict=True)), partial="x" if op == "full" else None
+                    )
                 ),
             )
             done += len(await cur.fetchall())
@@ -298,8 +305,8 @@ async def drain_bare_pipelined(
     bench/commit_cost.py, never what runrow does); ``claim_seconds`` collects each
     claim's latency."""
     await _enqueue_ops(b, schema, n, "noop")
-    claim = statement("claim", schema)
-    finalize = statement("finalize", schema)
+    claim = positional("claim", schema)
+    finalize = positional("finalize", schema)
     ch = channels(schema)
     claimer, writer = await _connections(b.conninfo, 2)
     if not durable_endings:
@@ -308,8 +315,9 @@ async def drain_bare_pipelined(
 
     async def end(batch: list[Any]) -> None:
         nonlocal done
-        cur = await writer.execute(
-            finalize, finalize_params(ch, [(r[0], r[1], int(r[-1]) + 1) for r in batch])
+        cur = psycopg.AsyncRawCursor(writer)
+        await cur.execute(
+            finalize.query, finalize.bind(finalize_params(ch, [(r[0], r[1], int(r[-1]) + 1) for r in batch]))
         )
         done += len(await cur.fetchall())
 
@@ -321,15 +329,18 @@ async def drain_bare_pipelined(
                 if previous:
                     tg.start_soon(end, previous)
                 t1 = time.perf_counter()
-                cur = await claimer.execute(
-                    claim,
-                    {
-                        "limit": concurrency,
-                        "lease_seconds": 30.0,
-                        "worker_id": "bare",
-                        "now": None,
-                        "retry_policy": None,
-                    },
+                cur = psycopg.AsyncRawCursor(claimer)
+                await cur.execute(
+                    claim.query,
+                    claim.bind(
+                        {
+                            "limit": concurrency,
+                            "lease_seconds": 30.0,
+                            "worker_id": "bare",
+                            "now": None,
+                            "retry_policy": None,
+                        }
+                    ),
                 )
                 previous = await cur.fetchall()
                 if claim_seconds is not None:
@@ -351,8 +362,8 @@ async def drain_bare_folded(b: Bench, schema: str, n: int, concurrency: int) -> 
     implicit transaction (one round trip, one commit), as the Dispatcher's ending writer
     does with no-op agents. The ceiling of the Dispatcher's design at this concurrency."""
     await _enqueue_ops(b, schema, n, "noop")
-    claim = statement("claim", schema)
-    finalize = statement("finalize", schema)
+    claim = positional("claim", schema)
+    finalize = positional("finalize", schema)
     ch = channels(schema)
     (conn,) = await _connections(b.conninfo, 1)
     claim_params = {"limit": concurrency, "lease_seconds": 30.0, "worker_id": "bare", "now": None}
@@ -361,14 +372,15 @@ async def drain_bare_folded(b: Bench, schema: str, n: int, concurrency: int) -> 
         t0 = time.monotonic()
         previous: list[Any] = []
         while True:
-            ended = conn.cursor()
-            claimed = conn.cursor()
+            ended = psycopg.AsyncRawCursor(conn)
+            claimed = psycopg.AsyncRawCursor(conn)
             async with conn.pipeline():
                 if previous:
                     await ended.execute(
-                        finalize, finalize_params(ch, [(r[0], r[1], int(r[-1]) + 1) for r in previous])
+                        finalize.query,
+                        finalize.bind(finalize_params(ch, [(r[0], r[1], int(r[-1]) + 1) for r in previous])),
                     )
-                await claimed.execute(claim, {**claim_params, "retry_policy": None})
+                await claimed.execute(claim.query, claim.bind({**claim_params, "retry_policy": None}))
             if previous:
                 done += len(await ended.fetchall())
             previous = await claimed.fetchall()

@@ -12,7 +12,7 @@ import importlib.resources
 import re
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from psycopg import sql
 
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
 _NAME = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
+_PLACEHOLDER = re.compile(r"%\(([a-z_][a-z0-9_]*)\)s|%%|%")
 
 
 def _sql_dir() -> Path:
@@ -92,3 +93,42 @@ def statement(name: str, schema: str) -> bytes:
     except KeyError:
         raise KeyError(f"no SQL statement named {name!r} under sql/") from None
     return render(text, schema)
+
+
+class Positional(NamedTuple):
+    """A named statement with its ``%(name)s`` placeholders turned into ``$1, $2, ...``,
+    for a :class:`psycopg.AsyncRawCursor`: psycopg caches its own conversion only for
+    statements up to 4 KB, and the claim and finalize are longer, so without this each
+    execution would parse the statement again (about 0.1 ms of CPU per fold)."""
+
+    query: bytes
+    names: tuple[str, ...]
+    """The parameter behind each ``$n``, in order."""
+
+    def bind(self, params: Mapping[str, Any]) -> tuple[Any, ...]:
+        """``params`` (the named statement's) in this statement's order."""
+        return tuple(params[name] for name in self.names)
+
+
+@functools.lru_cache(maxsize=64)
+def positional(name: str, schema: str) -> Positional:
+    """The named statement rendered for ``schema`` with positional placeholders (see
+    :class:`Positional`). Converted before the schema's name goes in, so an identifier
+    holding ``%`` is never read as a placeholder."""
+    try:
+        text = statements()[name]
+    except KeyError:
+        raise KeyError(f"no SQL statement named {name!r} under sql/") from None
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        found = match.group(1)
+        if found is None:
+            if match.group(0) == "%%":
+                return "%"
+            raise ValueError(f"statement {name!r}: only %(name)s placeholders can be made positional")
+        if found not in names:
+            names.append(found)
+        return f"${names.index(found) + 1}"
+
+    return Positional(render(_PLACEHOLDER.sub(number, text), schema), tuple(names))

@@ -12,11 +12,18 @@ from __future__ import annotations
 
 from .. import _sql
 
-__all__ = ["statement_text"]
+__all__ = ["statement_positional", "statement_text"]
 
 
 def statement_text(name: str, schema: str) -> bytes:
-    """The named statement exactly as runrow sends it for ``schema``, for the tests and
-    benchmarks that EXPLAIN, prepare or time it raw (runrow's own code calls the typed
-    functions of the gateway's modules instead)."""
+    """The named statement as written, rendered for ``schema`` with its named
+    placeholders, for the tests and benchmarks that EXPLAIN, prepare or time it raw
+    (runrow's own code calls the typed functions of the gateway's modules instead)."""
     return _sql.statement(name, schema)
+
+
+def statement_positional(name: str, schema: str) -> _sql.Positional:
+    """The named statement as runrow sends the claim and finalize: the same text with
+    ``$n`` placeholders, for a raw cursor (see :class:`runrow._sql.Positional`); the
+    benchmarks' bare loops send them so too."""
+    return _sql.positional(name, schema)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
+from psycopg import AsyncRawCursor
+
 from .. import _sql
 from ._exec import execute
 
@@ -56,21 +58,25 @@ class ClaimRequest(NamedTuple):
     now: datetime | None = None
 
 
-def statement(schema: str, req: ClaimRequest) -> tuple[bytes, dict[str, Any]]:
-    """The claim statement for ``req``'s order, and its parameters."""
-    query = _sql.statement("claim", schema) if req.order == "fair" else _sql.statement("claim_fifo", schema)
-    return query, {
-        "limit": req.limit,
-        "lease_seconds": req.lease_seconds,
-        "worker_id": req.worker_id,
-        "now": req.now,
-        "retry_policy": req.retry_policy,
-    }
+def statement(schema: str, req: ClaimRequest) -> tuple[bytes, tuple[Any, ...]]:
+    """The claim statement for ``req``'s order, with positional placeholders (run it on a
+    :func:`rows_cursor`), and its parameters."""
+    query = _sql.positional("claim", schema) if req.order == "fair" else _sql.positional("claim_fifo", schema)
+    return query.query, query.bind(
+        {
+            "limit": req.limit,
+            "lease_seconds": req.lease_seconds,
+            "worker_id": req.worker_id,
+            "now": req.now,
+            "retry_policy": req.retry_policy,
+        }
+    )
 
 
-def rows_cursor(conn: AsyncConnection) -> AsyncCursor[ClaimedRun]:
-    """A cursor whose rows are ClaimedRuns (read them with :func:`fetch`)."""
-    return conn.cursor(row_factory=_rows)
+def rows_cursor(conn: AsyncConnection) -> AsyncRawCursor[ClaimedRun]:
+    """A cursor for the claim's positional statement whose rows are ClaimedRuns (read
+    them with :func:`fetch`)."""
+    return AsyncRawCursor(conn, row_factory=_rows)
 
 
 async def fetch(cur: AsyncCursor[ClaimedRun]) -> list[ClaimedRun]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from psycopg import AsyncRawCursor
+
 from .. import _sql
 from . import claims
 from ._exec import execute
@@ -79,10 +81,11 @@ async def finalize(
     round trip, and JIT off);
     ``session_bound_ms`` sets the bound for the connection's session first (undo it
     with :func:`unset_session_bound` before the connection serves anything else)."""
-    params = finalize_params(endings, channels)
-    cur = conn.cursor()
+    query = _sql.positional("finalize", schema)
+    params = query.bind(finalize_params(endings, channels))
+    cur = AsyncRawCursor(conn)
     if local_bound_ms is None and session_bound_ms is None:
-        await cur.execute(_sql.statement("finalize", schema), params)
+        await cur.execute(query.query, params)
     else:
         async with conn.pipeline():
             if session_bound_ms is not None:
@@ -93,7 +96,7 @@ async def finalize(
                 await conn.execute(
                     _sql.statement("ending_budget", schema), {"timeout": f"{local_bound_ms}ms"}
                 )
-            await cur.execute(_sql.statement("finalize", schema), params)
+            await cur.execute(query.query, params)
     return {row[0]: row[1] for row in await cur.fetchall()}
 
 
@@ -115,9 +118,10 @@ async def finalize_then_claim(
     one). If either statement fails, neither lands: the caller writes the endings again
     without the claim. Without a bound, the connection must already have JIT off for its
     session (a bound turns it off for the transaction)."""
-    params = finalize_params(endings, channels)
+    final = _sql.positional("finalize", schema)
+    params = final.bind(finalize_params(endings, channels))
     query, claim_params = claims.statement(schema, claim)
-    cur = conn.cursor()
+    cur = AsyncRawCursor(conn)
     claimed = claims.rows_cursor(conn)
     async with conn.pipeline():
         if session_bound_ms is not None:
@@ -126,7 +130,7 @@ async def finalize_then_claim(
             )
         elif local_bound_ms is not None:
             await conn.execute(_sql.statement("ending_budget", schema), {"timeout": f"{local_bound_ms}ms"})
-        await cur.execute(_sql.statement("finalize", schema), params)
+        await cur.execute(final.query, params)
         await claimed.execute(query, claim_params)
     landed = {row[0]: row[1] for row in await cur.fetchall()}
     return landed, await claims.fetch(claimed)
