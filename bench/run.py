@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import logging
@@ -204,6 +205,8 @@ def plot(path: Path, data: dict[str, dict[Any, float]]) -> None:
 
 async def main_async(args: argparse.Namespace) -> int:
     profile = PROFILES[args.profile]
+    if args.reps is not None:
+        profile = dataclasses.replace(profile, reps=args.reps, peer_reps=args.reps)
     only = set(args.only.split(",")) if args.only else set(SCENARIOS)
     started = time.monotonic()
     stack = contextlib.ExitStack()
@@ -219,6 +222,7 @@ async def main_async(args: argparse.Namespace) -> int:
         db = pg.conninfo("bench", via_tcp=True)
         meta = {
             "profile": profile.name,
+            "reps": {"throughput": profile.reps, "peers": profile.peer_reps},
             "server": await server_meta(db),
             "connection": "TCP 127.0.0.1 (same host)",
             "python": platform.python_version(),
@@ -307,6 +311,9 @@ async def main_async(args: argparse.Namespace) -> int:
 
     s = meta["server"]
     print(f"# runrow benchmark — profile `{profile.name}`\n")
+    reps = meta.get("reps")
+    if reps:
+        print(f"Repetitions: throughput {reps['throughput']}, peers {reps['peers']}.\n")
     print(
         f"PostgreSQL {s['server_version']} ({meta['connection']}); fsync={s['fsync']}, "
         f"synchronous_commit={s['synchronous_commit']}, full_page_writes={s['full_page_writes']}, "
@@ -351,6 +358,11 @@ def main() -> int:
     )
     parser.add_argument("--only", help="comma-separated scenario names to run (default: all)")
     parser.add_argument("--server", help=SERVER_HELP)
+    parser.add_argument(
+        "--reps",
+        type=int,
+        help="repetitions of every throughput and peers measurement (default: the profile's)",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     (BENCH_DIR / "results").mkdir(exist_ok=True)
