@@ -17,57 +17,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
-from typing import Any
 
 import anyio
-import psycopg
-from lib import PROFILES, Bench, channels, finalize_params, positional
-from scenarios.throughput import _connections, _enqueue_ops
+from lib import PROFILES, Bench
+from scenarios.throughput import drain_bare_folded
 
 from runrow.embedded import EmbeddedPostgres
-
-CLAIM = {"lease_seconds": 30.0, "worker_id": "bare", "now": None, "retry_policy": None}
-
-
-async def drain(b: Bench, schema: str, n: int, in_flight: int, lanes: int) -> float:
-    """Drains ``n`` no-op runs with ``lanes`` connections folding ``in_flight / lanes`` each."""
-    await _enqueue_ops(b, schema, n, "noop")
-    claim = positional("claim", schema)
-    finalize = positional("finalize", schema)
-    ch = channels(schema)
-    conns = await _connections(b.conninfo, lanes)
-    done = 0
-
-    async def lane(conn: psycopg.AsyncConnection, limit: int) -> None:
-        nonlocal done
-        previous: list[Any] = []
-        while True:
-            ended = psycopg.AsyncRawCursor(conn)
-            claimed = psycopg.AsyncRawCursor(conn)
-            async with conn.pipeline():
-                if previous:
-                    ends = [(r[0], r[1], int(r[-1]) + 1) for r in previous]
-                    await ended.execute(finalize.query, finalize.bind(finalize_params(ch, ends)))
-                await claimed.execute(claim.query, claim.bind({**CLAIM, "limit": limit}))
-            if previous:
-                done += len(await ended.fetchall())
-            previous = await claimed.fetchall()
-            if not previous:
-                return
-
-    try:
-        t0 = time.monotonic()
-        async with anyio.create_task_group() as tg:
-            for conn in conns:
-                tg.start_soon(lane, conn, in_flight // lanes)
-        elapsed = time.monotonic() - t0
-    finally:
-        for conn in conns:
-            await conn.close()
-    if done != n:
-        raise RuntimeError(f"the folded lanes finished {done} of {n} runs")
-    return n / elapsed
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -85,7 +40,9 @@ async def main(args: argparse.Namespace) -> None:
                 in_flight, lanes = case
                 async with b.schema("lanes") as s:
                     await b.quiesce()
-                    got[case] = await drain(b, s, max(args.runs, 150 * in_flight), in_flight, lanes)
+                    got[case] = await drain_bare_folded(
+                        b, s, max(args.runs, 150 * in_flight), in_flight, lanes
+                    )
                 print(
                     f"round {r + 1}: {in_flight} in flight x {lanes} lanes: {got[case]:,.0f} runs/s",
                     flush=True,

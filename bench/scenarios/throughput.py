@@ -211,6 +211,28 @@ async def _enqueue_ops(b: Bench, schema: str, n: int, op: str) -> None:
 # -- draining: the bare-SQL loops ---------------------------------------------------------
 
 
+def bare_claim_params(claim: Any, limit: int) -> tuple[Any, ...]:
+    """The positional claim's parameters as the bare loops send them (no retry policy)."""
+    return claim.bind(
+        {"limit": limit, "lease_seconds": 30.0, "worker_id": "bare", "now": None, "retry_policy": None}
+    )
+
+
+async def timed_lanes(
+    conns: list[psycopg.AsyncConnection], lane: Callable[[psycopg.AsyncConnection], Awaitable[None]]
+) -> float:
+    """Runs ``lane(conn)`` on every connection at once; closes them; returns the seconds taken."""
+    try:
+        t0 = time.monotonic()
+        async with anyio.create_task_group() as tg:
+            for c in conns:
+                tg.start_soon(lane, c)
+        return time.monotonic() - t0
+    finally:
+        for c in conns:
+            await c.close()
+
+
 async def drain_bare(b: Bench, schema: str, n: int, workers: int, batch: int, op: str) -> float:
     """``workers`` connections, each: claim up to ``batch``, (append 2 events each,) finalize them.
 
@@ -229,18 +251,7 @@ async def drain_bare(b: Bench, schema: str, n: int, workers: int, batch: int, op
         nonlocal done
         while True:
             cur = psycopg.AsyncRawCursor(conn)
-            await cur.execute(
-                claim.query,
-                claim.bind(
-                    {
-                        "limit": batch,
-                        "lease_seconds": 30.0,
-                        "worker_id": "bare",
-                        "now": None,
-                        "retry_policy": None,
-                    }
-                ),
-            )
+            await cur.execute(claim.query, bare_claim_params(claim, batch))
             got = await cur.fetchall()
             if not got:
                 return
@@ -273,15 +284,7 @@ async def drain_bare(b: Bench, schema: str, n: int, workers: int, batch: int, op
             )
             done += len(await cur.fetchall())
 
-    try:
-        t0 = time.monotonic()
-        async with anyio.create_task_group() as tg:
-            for c in conns:
-                tg.start_soon(worker, c)
-        elapsed = time.monotonic() - t0
-    finally:
-        for c in conns:
-            await c.close()
+    elapsed = await timed_lanes(conns, worker)
     if done != n:
         raise RuntimeError(f"bare loop finished {done} of {n} runs")
     return n / elapsed
@@ -330,18 +333,7 @@ async def drain_bare_pipelined(
                     tg.start_soon(end, previous)
                 t1 = time.perf_counter()
                 cur = psycopg.AsyncRawCursor(claimer)
-                await cur.execute(
-                    claim.query,
-                    claim.bind(
-                        {
-                            "limit": concurrency,
-                            "lease_seconds": 30.0,
-                            "worker_id": "bare",
-                            "now": None,
-                            "retry_policy": None,
-                        }
-                    ),
-                )
+                await cur.execute(claim.query, bare_claim_params(claim, concurrency))
                 previous = await cur.fetchall()
                 if claim_seconds is not None:
                     claim_seconds.append(time.perf_counter() - t1)
@@ -356,39 +348,39 @@ async def drain_bare_pipelined(
     return n / elapsed
 
 
-async def drain_bare_folded(b: Bench, schema: str, n: int, concurrency: int) -> float:
+async def drain_bare_folded(b: Bench, schema: str, n: int, concurrency: int, lanes: int = 1) -> float:
     """runrow's loop since #24 with nothing of runrow's Python: one connection sends the
     previous batch's endings and the claim for the slots they free, pipelined, in one
     implicit transaction (one round trip, one commit), as the Dispatcher's ending writer
-    does with no-op agents. The ceiling of the Dispatcher's design at this concurrency."""
+    does with no-op agents. The ceiling of the Dispatcher's design at this concurrency.
+    ``lanes`` > 1 splits the ``concurrency`` runs in flight over that many connections
+    whose folds overlap (``bench/fold_lanes.py``)."""
     await _enqueue_ops(b, schema, n, "noop")
     claim = positional("claim", schema)
     finalize = positional("finalize", schema)
     ch = channels(schema)
-    (conn,) = await _connections(b.conninfo, 1)
-    claim_params = {"limit": concurrency, "lease_seconds": 30.0, "worker_id": "bare", "now": None}
+    conns = await _connections(b.conninfo, lanes)
+    limit = concurrency // lanes
     done = 0
-    try:
-        t0 = time.monotonic()
+
+    async def lane(conn: psycopg.AsyncConnection) -> None:
+        nonlocal done
         previous: list[Any] = []
         while True:
             ended = psycopg.AsyncRawCursor(conn)
             claimed = psycopg.AsyncRawCursor(conn)
             async with conn.pipeline():
                 if previous:
-                    await ended.execute(
-                        finalize.query,
-                        finalize.bind(finalize_params(ch, [(r[0], r[1], int(r[-1]) + 1) for r in previous])),
-                    )
-                await claimed.execute(claim.query, claim.bind({**claim_params, "retry_policy": None}))
+                    ends = [(r[0], r[1], int(r[-1]) + 1) for r in previous]
+                    await ended.execute(finalize.query, finalize.bind(finalize_params(ch, ends)))
+                await claimed.execute(claim.query, bare_claim_params(claim, limit))
             if previous:
                 done += len(await ended.fetchall())
             previous = await claimed.fetchall()
             if not previous:
-                break
-        elapsed = time.monotonic() - t0
-    finally:
-        await conn.close()
+                return
+
+    elapsed = await timed_lanes(conns, lane)
     if done != n:
         raise RuntimeError(f"folded bare loop finished {done} of {n} runs")
     return n / elapsed
