@@ -85,14 +85,17 @@ def render(text: str, schema: str) -> bytes:
     return sql.SQL(text).format(schema=sql.Identifier(schema)).as_bytes()
 
 
+def _text(name: str) -> str:
+    try:
+        return statements()[name]
+    except KeyError:
+        raise KeyError(f"no SQL statement named {name!r} under sql/") from None
+
+
 @functools.lru_cache(maxsize=512)
 def statement(name: str, schema: str) -> bytes:
     """The named statement rendered for ``schema``; cached, since it never changes."""
-    try:
-        text = statements()[name]
-    except KeyError:
-        raise KeyError(f"no SQL statement named {name!r} under sql/") from None
-    return render(text, schema)
+    return render(_text(name), schema)
 
 
 class Positional(NamedTuple):
@@ -115,10 +118,6 @@ def positional(name: str, schema: str) -> Positional:
     """The named statement rendered for ``schema`` with positional placeholders (see
     :class:`Positional`). Converted before the schema's name goes in, so an identifier
     holding ``%`` is never read as a placeholder."""
-    try:
-        text = statements()[name]
-    except KeyError:
-        raise KeyError(f"no SQL statement named {name!r} under sql/") from None
     names: list[str] = []
 
     def number(match: re.Match[str]) -> str:
@@ -131,4 +130,4 @@ def positional(name: str, schema: str) -> Positional:
             names.append(found)
         return f"${names.index(found) + 1}"
 
-    return Positional(render(_PLACEHOLDER.sub(number, text), schema), tuple(names))
+    return Positional(render(_PLACEHOLDER.sub(number, _text(name)), schema), tuple(names))
