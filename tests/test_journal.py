@@ -311,6 +311,26 @@ def test_deltas_are_checked_without_serialising_the_whole_event() -> None:
             validate_event(bad, 10)
 
 
+def test_a_structural_event_is_encoded_once_and_its_text_kept() -> None:
+    """checked_event hands back the JSON it checked, which the writer stores as is; a
+    delta has none yet (its text is merged with its neighbours' first)."""
+    import json
+
+    from runrow._events import checked_event
+
+    etype, payload, text = checked_event({"type": "tool_call", "name": "é", "args": {"n": [1, 2.5]}}, 100)
+    assert (etype, payload) == ("tool_call", {"name": "é", "args": {"n": [1, 2.5]}})
+    assert text == '{"name":"é","args":{"n":[1,2.5]}}'
+    assert json.loads(text) == payload
+    assert checked_event({"type": "content_delta", "delta": "hi"}, 100) == (
+        "content_delta",
+        {"delta": "hi"},
+        None,
+    )
+    with pytest.raises(runrow.InvalidInput, match="larger than the limit"):
+        checked_event({"type": "tool_call", "name": "x" * 100}, 100)
+
+
 def test_event_types_are_short_identifiers() -> None:
     """A type is an ASCII identifier of at most 64 characters (#17): a lone surrogate,
     a NUL, a newline or an endless type is refused at emit, before it reaches a batch."""

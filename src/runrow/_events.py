@@ -61,6 +61,7 @@ __all__ = [
     "TOOL_CALL_STARTED",
     "USER_MESSAGE_CREATED",
     "Event",
+    "checked_event",
     "validate_event",
 ]
 
@@ -112,6 +113,14 @@ class Event:
 
 def validate_event(event: Mapping[str, Any], max_bytes: int) -> tuple[str, dict[str, Any]]:
     """Splits an emitted event into its type and payload, or raises InvalidInput."""
+    etype, payload, _ = checked_event(event, max_bytes)
+    return etype, payload
+
+
+def checked_event(event: Mapping[str, Any], max_bytes: int) -> tuple[str, dict[str, Any], str | None]:
+    """:func:`validate_event`, plus the payload's JSON text for any event but a text
+    delta (checking it means encoding it: the writer keeps that text rather than encode
+    the payload a second time; a delta's payload is merged with others first)."""
     if not isinstance(event, Mapping):
         raise InvalidInput("event", f"must be a mapping, got {type(event).__name__}")
     etype = event.get("type")
@@ -142,6 +151,5 @@ def validate_event(event: Mapping[str, Any], max_bytes: int) -> tuple[str, dict[
             raise InvalidInput("event", f"is larger than the limit of {max_bytes} bytes")
         if len(payload) > 1:
             _json.dumps({k: v for k, v in payload.items() if k != "delta"}, "event", max_bytes)
-        return etype, payload
-    _json.dumps(payload, "event", max_bytes)  # serialisable, NUL-free, bounded
-    return etype, payload
+        return etype, payload, None
+    return etype, payload, _json.dumps(payload, "event", max_bytes)  # serialisable, NUL-free, bounded

@@ -12,7 +12,7 @@ import psycopg
 from .. import _aio, _json
 from .._db import HeldConnection, describe, statement_conn
 from .._errors import InvalidInput, LeaseLost
-from .._events import CONTENT_DELTA, TERMINAL_EVENT, validate_event
+from .._events import CONTENT_DELTA, TERMINAL_EVENT, checked_event
 from .._gateway import journal as _journal
 from .._gateway.journal import Appended
 from .groupcommit import GroupCommit
@@ -88,12 +88,12 @@ class JournalWriter:
     # -- what the agent calls ---------------------------------------------------------
 
     async def emit(self, event: Mapping[str, Any]) -> None:
-        etype, payload = validate_event(event, self._max_bytes)
+        etype, payload, text = checked_event(event, self._max_bytes)
         self._check()
         if self.muted:
             return
-        if etype != CONTENT_DELTA:
-            await self.flush(extra=(etype, payload))
+        if text is not None:
+            await self.flush(extra=(etype, text))
             return
         self.deltas += 1
         delta = payload.pop("delta")
@@ -132,7 +132,7 @@ class JournalWriter:
 
     # -- flushing ---------------------------------------------------------------------
 
-    def _take_pending(self) -> list[tuple[str, dict[str, Any]]]:
+    def _take_pending(self) -> list[tuple[str, dict[str, Any] | str]]:
         if self._pending is None:
             return []
         payload = {**self._pending, "delta": "".join(self._pending_parts)}
@@ -140,14 +140,18 @@ class JournalWriter:
         self._has_pending = _aio.Event()
         return [(CONTENT_DELTA, payload)]
 
-    def _number(self, events: list[tuple[str, dict[str, Any]]]) -> list[tuple[int, str, str]]:
+    def _number(self, events: list[tuple[str, dict[str, Any] | str]]) -> list[tuple[int, str, str]]:
         rows = []
         for i, (etype, payload) in enumerate(events):
-            rows.append((self.next_seq + i, etype, _json.dumps(payload, "event")))
+            text = payload if isinstance(payload, str) else _json.dumps(payload, "event")
+            rows.append((self.next_seq + i, etype, text))
         return rows
 
-    async def flush(self, extra: tuple[str, dict[str, Any]] | None = None, *, due_only: bool = False) -> None:
-        """Writes pending text (and ``extra``) as one fenced batch.
+    async def flush(
+        self, extra: tuple[str, dict[str, Any] | str] | None = None, *, due_only: bool = False
+    ) -> None:
+        """Writes pending text (and ``extra``: a type and its payload, or the payload's
+        JSON text as :func:`~runrow._events.checked_event` made it) as one fenced batch.
 
         ``due_only`` (the flush clock) writes only text that has waited a full interval:
         if another flush took the text the clock woke for while this one waited for the
@@ -192,12 +196,12 @@ class JournalWriter:
         """Submits a flush; if the connection fails without an answer (a database restart,
         a cut connection), asks the database whether the rows landed and retries if not."""
         delay = 0.05
-        deadline = anyio.current_time() + self._retry_budget
+        deadline = _aio.now() + self._retry_budget
         while True:
             try:
                 return await self._appender.submit(Appended(self.run_id, self.claim_token, rows))
             except (psycopg.OperationalError, psycopg.InterfaceError, TimeoutError) as exc:
-                if anyio.current_time() + delay > deadline:
+                if _aio.now() + delay > deadline:
                     raise
                 log.info(
                     "flush of run %s failed (%s); checking whether it landed",
@@ -213,7 +217,7 @@ class JournalWriter:
                     landed, owned = found.landed, found.owned
                     break
                 except (psycopg.OperationalError, psycopg.InterfaceError, TimeoutError):
-                    if anyio.current_time() + delay > deadline:
+                    if _aio.now() + delay > deadline:
                         raise
             if landed == len(rows):
                 return True
