@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import uuid
@@ -97,3 +98,101 @@ async def test_migrate_to_a_target(dsn: str, schema_name: str, conn: psycopg.Asy
             await runrow.migrate(dsn, schema=schema_name, target=runrow.latest_version() + 1)
     finally:
         await conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema_name)))
+
+
+# -- expand, then contract (docs/howto/upgrading.md) ------------------------------------
+
+# The first migration held to the rule (1-7 predate it; 3 broke it, 8 expanded it again).
+FIRST_EXPANDING = 8
+# What a running previous release cannot survive. A migration that must do one of these
+# is a contracting one and says so on a line of its own: "-- contract: <what and why>".
+_CONTRACTING = {
+    "SET NOT NULL": re.compile(r"\bSET\s+NOT\s+NULL\b", re.IGNORECASE),
+    "a dropped column": re.compile(r"\bDROP\s+COLUMN\b", re.IGNORECASE),
+    "a dropped table": re.compile(r"\bDROP\s+TABLE\b", re.IGNORECASE),
+    "a rename": re.compile(r"\bRENAME\b", re.IGNORECASE),
+    "a column's type changed": re.compile(
+        r"\bALTER\s+COLUMN\s+\S+\s+(?:SET\s+DATA\s+)?TYPE\b", re.IGNORECASE
+    ),
+}
+_ADD_COLUMN = re.compile(r"\bADD\s+COLUMN\b[^,;]*", re.IGNORECASE)
+_FILLED = re.compile(r"\b(?:DEFAULT|GENERATED)\b", re.IGNORECASE)
+_NOT_NULL = re.compile(r"\bNOT\s+NULL\b", re.IGNORECASE)
+
+
+def _contracting(text: str) -> list[str]:
+    code = "\n".join(line.split("--", 1)[0] for line in text.splitlines())
+    found = [
+        "a new NOT NULL column without a default"
+        for clause in _ADD_COLUMN.findall(code)
+        if _NOT_NULL.search(clause) and not _FILLED.search(clause)
+    ][:1]
+    return found + [what for what, pattern in _CONTRACTING.items() if pattern.search(code)]
+
+
+def test_the_contraction_check_sees_what_breaks_a_previous_release() -> None:
+    assert _contracting("ALTER TABLE {schema}.message ADD COLUMN turn bigint NOT NULL;") == [
+        "a new NOT NULL column without a default"
+    ]
+    assert _contracting("ALTER TABLE {schema}.message ALTER COLUMN turn SET NOT NULL;") == ["SET NOT NULL"]
+    assert _contracting("ALTER TABLE t DROP COLUMN x;") == ["a dropped column"]
+    assert _contracting("ALTER TABLE t ALTER COLUMN x TYPE text;") == ["a column's type changed"]
+    # Expanding is fine: defaults, nullable columns, new tables and indexes, comments.
+    assert _contracting("ALTER TABLE t ADD COLUMN n integer NOT NULL DEFAULT 0;") == []
+    assert _contracting("ALTER TABLE t ADD COLUMN k text GENERATED ALWAYS AS (x) STORED NOT NULL;") == []
+    assert _contracting("ALTER TABLE t ADD COLUMN x uuid; -- never SET NOT NULL here") == []
+    assert _contracting("ALTER TABLE t ALTER COLUMN turn DROP NOT NULL;") == []
+
+
+def test_migrations_expand_before_they_contract() -> None:
+    """Every migration from 8 on leaves the schema usable by the release before it
+    (tests/test_rolling_upgrade.py runs that release on it), or declares itself a
+    contraction, which the upgrading guide then has to schedule."""
+    steps = gateway_schema.migrations()
+    assert len(steps) >= FIRST_EXPANDING
+    # The check would have caught the migration that broke the previous release.
+    assert _contracting(steps[2].text) == ["SET NOT NULL"]
+    for step in steps[FIRST_EXPANDING - 1 :]:
+        declared = re.search(r"^--\s*contract:", step.text, re.MULTILINE)
+        assert declared or not _contracting(step.text), (step.name, _contracting(step.text))
+
+
+async def test_a_message_inserted_without_its_turn_gets_the_one_this_release_would_write(
+    schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    """A release from before message.turn inserts messages without it (migration 8)."""
+    first = await runrow.enqueue(conn, schema=schema, conversation_id="c", user_id="u", content="one")
+    second = await runrow.enqueue(conn, schema=schema, conversation_id="c", user_id="u", content="two")
+    message, run_table = table(schema, "message"), table(schema, "agent_run")
+    cur = await conn.execute(
+        sql.SQL("SELECT id, queue_order, user_message_id FROM {} ORDER BY queue_order").format(run_table)
+    )
+    (r1, order1, _), (r2, order2, m2) = await cur.fetchall()
+    # As the old enqueue did: the message and its run in one statement, no turn.
+    cur = await conn.execute(
+        sql.SQL(
+            "WITH run AS (INSERT INTO {r} (conversation_id, user_id, user_message_id)"
+            " VALUES ('c', 'u', gen_random_uuid()) RETURNING id, user_message_id, queue_order)"
+            " INSERT INTO {m} (id, conversation_id, run_id, role, content, status, user_id)"
+            " SELECT user_message_id, 'c', id, 'user', '\"three\"', 'sent', 'u' FROM run"
+            " RETURNING id, (SELECT queue_order FROM run)"
+        ).format(r=run_table, m=message)
+    )
+    m3, order3 = await cur.fetchone()  # type: ignore[misc]
+    # An answer to the first turn, written after the later turns were enqueued; and a
+    # message of no run.
+    await conn.execute(
+        sql.SQL(
+            "INSERT INTO {} (conversation_id, run_id, role, content, status)"
+            " VALUES ('c', %s, 'assistant', '\"late answer\"', 'complete'),"
+            " ('c', NULL, 'system', '\"note\"', 'complete')"
+        ).format(message),
+        (r1,),
+    )
+    cur = await conn.execute(sql.SQL("SELECT content, turn FROM {} ORDER BY position").format(message))
+    turns = {content: turn for content, turn in await cur.fetchall()}
+    assert turns == {"one": order1, "two": order2, "three": order3, "late answer": order1, "note": order3}
+    # And the transcript reads in turn order: the late answer before the second question.
+    listed = [m.content for m in await runrow.transcript(conn, "c", schema=schema)]
+    assert listed == ["one", "late answer", "two", "three", "note"]
+    assert (r2, m2, m3) and first.id == r1 and second.id == r2
