@@ -246,6 +246,7 @@ class Dispatcher:
             await services.start(tg, "heartbeat", parts.lease.heartbeats)
             await services.start(tg, "reaper", parts.reaper.run)
             await services.start(tg, "pool-check", self._check_pool)
+            await services.start(tg, "schema-watch", parts.schema_watch.run)
             if (hub := self._hub) is not None:
                 await services.start(tg, "wakes", functools.partial(parts.claimer.forward_wakes, hub))
                 await services.start(tg, "cancels", functools.partial(parts.lease.watch_cancels, hub))

@@ -14,6 +14,7 @@ from .journal_writer import Appender
 from .lease import LeaseKeeper
 from .reaper import Reaper
 from .roster import Roster
+from .schema_watch import SchemaWatch
 from .service import Services
 
 if TYPE_CHECKING:
@@ -60,6 +61,7 @@ class Parts:
         self.reap_conn = HeldConnection(pool, min_pool=UPKEEP_MIN_POOL)
         self.lease = LeaseKeeper(s, self.roster, pool, self.beat_conn, observe, self.tasks, trouble)
         self.reaper = Reaper(s, self.roster, self.reap_conn, d._stats, observe)
+        self.schema_watch = SchemaWatch(s, pool, self.claimer, self.roster, self.services)
         self.executor = Executor(
             s,
             self.roster,

@@ -1,0 +1,90 @@
+"""The schema watch: a dispatcher that finds its schema migrated past its own runrow
+stops claiming.
+
+During a rolling upgrade, ``runrow migrate`` runs before every process has the new
+release. Migrations expand before they contract (docs/howto/upgrading.md), so the old
+release's writes still land: the runs it holds can end. But the new release's
+workers are the ones meant to take the queue from here, and an old worker that kept
+claiming would hold runs through the rest of the rollout (and through any later,
+contracting migration that it would not survive). So once a heartbeat's read finds the
+schema ahead, the dispatcher stops claiming, finishes what it holds (its heartbeat,
+ending writer and reaper keep going) and says so in one log line.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import anyio
+
+from .._db import describe, statement_conn
+from .._gateway import schema as _schema
+from .._gateway._exec import run
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from anyio.abc import TaskStatus
+    from psycopg import AsyncConnection
+    from psycopg_pool import AsyncConnectionPool
+
+    from .claimer import Claimer
+    from .roster import Roster
+    from .service import Services
+    from .settings import Settings
+
+log = logging.getLogger("runrow.dispatcher")
+
+
+class SchemaWatch:
+    """Reads the schema's version once a heartbeat; stops claiming when it is ahead."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        pool: Callable[[], AsyncConnectionPool[AsyncConnection]],
+        claimer: Claimer,
+        roster: Roster,
+        services: Services,
+    ) -> None:
+        self._settings = settings
+        self._pool = pool
+        self._claimer = claimer
+        self._roster = roster
+        self._services = services
+        self.ahead_at: int | None = None
+        """The version found ahead of this runrow's, once found (claiming stopped then)."""
+
+    async def run(self, *, task_status: TaskStatus[None]) -> None:
+        """The watch (service ``schema-watch``): ends once it has stopped the claims."""
+        task_status.started()
+        expected = _schema.latest_version()
+        while True:
+            await anyio.sleep(self._settings.heartbeat)
+            try:
+                async with statement_conn(self._pool()) as conn:
+                    found = await run(conn, _schema.version(self._settings.schema))
+            except Exception as exc:  # a hint like any other: the next beat reads again
+                log.debug("schema version read failed: %s", describe(exc), extra=self._extra)
+                continue
+            if found is not None and found > expected:
+                await self._stop_claiming(found, expected)
+                return
+
+    async def _stop_claiming(self, found: int, expected: int) -> None:
+        self.ahead_at = found
+        s = self._settings
+        # As the drain's first phase: no claim of the loop's, none folded into an ending.
+        self._claimer.stopping = True
+        await self._services.stop("claimer", timeout=s.lease / 2 + 1)
+        log.warning(
+            "dispatcher %s stopped claiming: schema %r is at version %d, ahead of this runrow "
+            "(version %d); finishing the %d run(s) it holds. Upgrade runrow on this host.",
+            *(s.worker_id, s.schema, found, expected, len(self._roster.runs)),
+            extra=self._extra,
+        )
+
+    @property
+    def _extra(self) -> dict[str, str]:
+        return {"worker_id": self._settings.worker_id}
