@@ -17,6 +17,7 @@ import contextvars
 import inspect
 import logging
 import sys
+import uuid
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
@@ -57,6 +58,7 @@ class Steps:
     def __init__(self, host: RunHost, row: ClaimedRun, journal: JournalWriter | None = None) -> None:
         self._host = host
         self._run_id = row.id
+        self._lineage = row.lineage_id or row.id
         self._token = row.claim_token
         # A first attempt, never parked, has nothing to replay: no read until a retry or
         # a resumed run needs one.
@@ -240,6 +242,11 @@ class Steps:
         if prior is not None and prior.status == "recorded":
             if position == self._resume_at:
                 self._unmute()  # the replay has reached where the run paused
+            elif self._journal is not None and not self._journal.muted:
+                # A retry passing a wait an earlier attempt parked on: that park kept the
+                # text streamed before the wait as the wait's message; it is not this
+                # attempt's answer to save again.
+                self._journal.answer_taken()
             return prior.result
         token = object()
         self._active[token] = key
@@ -250,7 +257,10 @@ class Steps:
         if self._parking is None:
             # The first wait marked parks the run, once the turn's work in flight has
             # settled; any other (parallel) wait is marked too, and is asked as well.
-            self._parking = park = Park(key, request, timeout)
+            # The text streamed before the wait is kept under the wait's own message id,
+            # the same on every attempt (a wait's key is its own in the turn).
+            message_id = uuid.uuid5(self._lineage, f"input:{key}")
+            self._parking = park = Park(key, request, timeout, message_id)
             await self._settle(key)
             self._host.park(self._run_id, park)
         await anyio.sleep_forever()
