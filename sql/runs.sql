@@ -394,16 +394,16 @@ WHERE id = %(run_id)s AND claim_token = %(claim_token)s AND status = 'running'
 -- A run missing from the result was already ended by someone else: stand down.
 -- The batch comes as two JSON arrays of objects (one parameter each: much cheaper to
 -- send than nine parallel arrays): %(runs)s of {id, token, status, error (JSON text or
--- null), partial, retry, input_timeout} and %(events)s of {run_id, seq, type, payload
--- (JSON text)}.
+-- null), partial, partial_id, retry, input_timeout} and %(events)s of {run_id, seq,
+-- type, payload (JSON text)}.
 -- A run that parks to wait for input ends here too, but not terminally: status
 -- `waiting`, unfinished, its lease left to lapse unheeded (only running runs are
 -- heartbeaten or reaped for it), its input due within input_timeout seconds if given,
 -- its last event `input_requested` instead of `complete`.
 WITH f AS (
     SELECT * FROM jsonb_to_recordset(%(runs)s::jsonb)
-             AS f(id uuid, token uuid, status text, error text, partial text, retry boolean,
-                  input_timeout float8)
+             AS f(id uuid, token uuid, status text, error text, partial text, partial_id uuid,
+                  retry boolean, input_timeout float8)
 ), locked AS (
     -- (in id order, as every batched writer: see heartbeat)
     SELECT a.id FROM {schema}.agent_run a JOIN f ON a.id = f.id AND a.claim_token = f.token
@@ -432,7 +432,7 @@ WITH f AS (
       AND a.id = f.id AND a.claim_token = f.token AND a.status = 'running'
     -- (cancel_requested from the row as updated: a stop that committed while this
     -- waited for the row's lock is seen, and no retry follows it.)
-    RETURNING a.id, a.conversation_id, a.tenant_key, f.partial, a.status, a.input_deadline_at,
+    RETURNING a.id, a.conversation_id, a.tenant_key, f.partial, f.partial_id, a.status, a.input_deadline_at,
               f.retry IS TRUE AND NOT a.cancel_requested AS retry, f.status AS asked
 ), retried AS (
     -- An automatic retry (Dispatcher(retry=...)) commits with the ending: when the worker
@@ -468,13 +468,17 @@ WITH f AS (
     -- Streamed text the agent never wrote to the transcript: its answer if the run
     -- completed (or what it said before it paused for input), a partial answer if it
     -- was cut short. It goes in the turn of the message the run answers, however many
-    -- turns were enqueued since (#17).
-    INSERT INTO {schema}.message (conversation_id, run_id, role, content, status, turn)
-    SELECT fin.conversation_id, fin.id, 'assistant', to_jsonb(fin.partial),
+    -- turns were enqueued since (#17). A park's text has the id of the turn's message
+    -- for its wait (partial_id: one id across the turn's attempts): a retry that parks
+    -- at the same wait finds it written by an earlier attempt and writes nothing.
+    INSERT INTO {schema}.message (id, conversation_id, run_id, role, content, status, turn)
+    SELECT coalesce(fin.partial_id, gen_random_uuid()), fin.conversation_id, fin.id, 'assistant',
+           to_jsonb(fin.partial),
            CASE WHEN fin.status IN ('completed', 'waiting') THEN 'complete' ELSE 'partial' END,
            (SELECT u.turn FROM {schema}.agent_run r JOIN {schema}.message u ON u.id = r.user_message_id
             WHERE r.id = fin.id)
     FROM fin WHERE fin.partial IS NOT NULL
+    ON CONFLICT (id) DO NOTHING
 ), ev AS (
     INSERT INTO {schema}.run_event (run_id, seq, type, payload)
     -- (A park's input_requested says when the wait ends, on the database's clock.)

@@ -105,8 +105,8 @@ SELECT run.status,
 FROM run
 
 -- name: waiting_inputs
--- The inputs waiting runs wait for: one row per waiting run (a run waits for one input
--- at a time), newest first, optionally of one run or one conversation.
+-- The inputs waiting runs wait for: one row per input (a run whose parallel waits were
+-- marked together has several), newest first, optionally of one run or one conversation.
 SELECT a.id, a.conversation_id, a.user_id, a.tenant_id, s.key, s.request, s.started_at,
        a.input_deadline_at
 FROM {schema}.agent_run a

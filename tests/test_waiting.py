@@ -536,3 +536,71 @@ async def test_a_resumed_replay_reads_the_transcript_as_its_first_pass_did(
     assert first_pass == [["user"], ["user", "assistant"]]
     assert replay == first_pass  # not the note twice, nor the text the park saved
     assert seen[4] == ["user", "assistant", "assistant"]  # after the wait: everything
+
+
+@pytest.mark.parametrize("ended_by", ["stop", "expiry"])
+async def test_text_streamed_before_a_wait_is_in_the_transcript_once_across_a_retry(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection, ended_by: str
+) -> None:
+    """Issue #36 (6): the park keeps the text streamed before the wait as a message; the
+    retry of a stopped or expired wait streams it again and parks at the same wait, and
+    used to save it again, a second `complete` message. The park's message is the turn's
+    message for that wait (one id across attempts): the retry finds it written."""
+    calls = Calls()
+
+    async def agent(run: runrow.RunContext) -> None:
+        timeout = 0.3 if ended_by == "expiry" and run.attempt == 1 else None
+        await approval_agent(calls, timeout=timeout)(run)
+
+    run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
+    async with runrow.Dispatcher(dsn, agent, schema=schema, **FAST):
+        await wait_for(lambda: _waiting(conn, schema, run.id), what="the run to wait")
+        if ended_by == "stop":
+            await runrow.cancel_run(dsn, run.id, schema=schema)
+        await wait_for(lambda: is_terminal(conn, schema, run.id), what="the first attempt to end")
+        again = await runrow.retry_run(dsn, run.id, schema=schema)
+        await wait_for(lambda: _waiting(conn, schema, again.id), what="the retry to ask again")
+        said = [m.content for m in await runrow.transcript(dsn, "c", schema=schema) if m.role == "assistant"]
+        assert said == ["let me check. "]
+        assert await runrow.provide_input(dsn, again.id, "approve:t1", {"approved": True}, schema=schema)
+        await wait_for(lambda: is_terminal(conn, schema, again.id), what="the retry to end")
+    assert await status_of(conn, schema, again.id) == "completed"
+    said = [
+        (m.content, m.status)
+        for m in await runrow.transcript(dsn, "c", schema=schema)
+        if m.role == "assistant"
+    ]
+    assert said == [("let me check. ", "complete"), ("done: True", "complete")]
+
+
+async def test_a_retry_that_replays_an_answered_wait_does_not_save_the_text_before_it_again(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    """The first attempt parked (keeping its text so far), was answered, and failed after
+    the wait; the retry's wait returns the recorded answer without parking: the text it
+    streamed before the wait is the park's message, not part of its own answer."""
+    calls = Calls()
+
+    async def agent(run: runrow.RunContext) -> None:
+        await run.text("let me check. ")
+        value = await run.wait_for_input("approve:t1", "?")
+        if run.attempt == 1:
+            raise RuntimeError("the model fell over after the approval")
+        await run.step("send", calls.do, "send")
+        await run.text(f"done: {value}")
+
+    run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
+    async with runrow.Dispatcher(dsn, agent, schema=schema, **FAST):
+        await wait_for(lambda: _waiting(conn, schema, run.id), what="the run to wait")
+        assert await runrow.provide_input(dsn, run.id, "approve:t1", "yes", schema=schema)
+        await wait_for(lambda: is_terminal(conn, schema, run.id), what="the first attempt to fail")
+        again = await runrow.retry_run(dsn, run.id, schema=schema)
+        await wait_for(lambda: is_terminal(conn, schema, again.id), what="the retry to end")
+    assert await status_of(conn, schema, again.id) == "completed"
+    said = [
+        (m.content, m.status)
+        for m in await runrow.transcript(dsn, "c", schema=schema)
+        if m.role == "assistant"
+    ]
+    assert said == [("let me check. ", "complete"), ("done: yes", "complete")]
+    assert calls.names == ["send"]

@@ -75,8 +75,9 @@ async def waiting_inputs(
     limit: int = 100,
     schema: str = DEFAULT_SCHEMA,
 ) -> list[PendingInput]:
-    """The inputs waiting runs wait for (one per waiting run), newest first; optionally
-    those of one run or one conversation."""
+    """The inputs waiting runs wait for, newest first; optionally those of one run or one
+    conversation. A run whose parallel tool calls wait at once has one entry per input:
+    any of them may be answered first."""
     return await perform(
         db,
         schema,

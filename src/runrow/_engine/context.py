@@ -279,8 +279,11 @@ class RunContext:
         a host recorded with :func:`runrow.provide_input` for this run and ``key``.
 
         The first time, the input is marked waiting (fenced by the claim), and the run
-        parks: the agent is cancelled here (let the cancellation propagate), text it
-        streamed so far is kept as a message, an ``input_requested`` event with
+        parks: once the turn's steps running beside this call (parallel tool calls) have
+        recorded their outcomes (at most half the lease; no step begins meanwhile, and
+        other waits are marked waiting too), the agent is cancelled here (let the
+        cancellation propagate), text it streamed so far is kept as a message, an
+        ``input_requested`` event with
         ``request`` (any JSON value, for the host's page) ends its journal for now, and
         the run's status becomes ``waiting``. It holds no slot and no lease, and its
         conversation's later turns wait behind it. ``provide_input`` queues it again;

@@ -157,6 +157,7 @@ class EndingWriter:
                 events=events,
                 retry=retry,
                 input_timeout=None if park is None else park.timeout,
+                partial_id=None if park is None else park.message_id,
             ),
             answer,
             rider,

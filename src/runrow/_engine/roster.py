@@ -21,12 +21,14 @@ the agent's own wait for input (it parks)."""
 
 
 class Park(NamedTuple):
-    """The input a parking run waits for: its key, the agent's request (JSON-able) and how
-    long the wait may last (None: no limit)."""
+    """The input a parking run waits for: its key, the agent's request (JSON-able), how
+    long the wait may last (None: no limit), and the id the text streamed before it is
+    kept under (the same on every attempt of the turn)."""
 
     key: str
     request: Any
     timeout: float | None
+    message_id: uuid.UUID | None = None
 
 
 class Waker:

@@ -6,14 +6,18 @@ not idempotent is marked begun before it runs; its outcome (the JSON result, or 
 error it raised) is recorded before the agent sees it. Both writes are fenced by the
 claim. A retry is a new run in the same lineage: its agent runs from the top, and each
 step an earlier attempt recorded returns (or raises) what was recorded, without running.
+A wait for input parks the run only once the steps in flight beside it have recorded
+their outcomes (bounded by half the lease); no step begins while it waits.
 """
 
 from __future__ import annotations
 
 import collections
+import contextvars
 import inspect
 import logging
 import sys
+import uuid
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
@@ -41,6 +45,11 @@ MAX_STEP_BYTES = 1 << 20
 _MAX_KEY = 200
 T = TypeVar("T")
 _TRANSIENT = (psycopg.OperationalError, psycopg.InterfaceError, TimeoutError)
+# The steps whose fn the current code runs inside (their tokens): a wait called from
+# within a step does not wait for that step to settle before it parks (it never would).
+_ENCLOSING: contextvars.ContextVar[tuple[object, ...]] = contextvars.ContextVar(
+    "runrow_enclosing_steps", default=()
+)
 
 
 class Steps:
@@ -49,6 +58,7 @@ class Steps:
     def __init__(self, host: RunHost, row: ClaimedRun, journal: JournalWriter | None = None) -> None:
         self._host = host
         self._run_id = row.id
+        self._lineage = row.lineage_id or row.id
         self._token = row.claim_token
         # A first attempt, never parked, has nothing to replay: no read until a retry or
         # a resumed run needs one.
@@ -65,6 +75,11 @@ class Steps:
         self._occurrences: collections.Counter[str] = collections.Counter()
         self._next_position = 0
         self._in_flight: set[str] = set()
+        # What a park waits for before it cuts the agent: steps begun and not yet
+        # recorded, and inputs being marked waiting (token -> key).
+        self._active: dict[object, str] = {}
+        self._changed: anyio.Event | None = None
+        self._parking: Park | None = None  # set once a wait decided to park the run
 
     async def run(
         self,
@@ -117,13 +132,39 @@ class Steps:
                 raise _rebuilt(key, prior.error)
             if not idempotent:
                 raise StepUncertain(self._run_id, key, occurrence)
+        if self._parking is not None:
+            # The turn is parking: a step not begun yet is not begun now (the park cuts
+            # it here, unmarked), and the resumed run begins it.
+            await anyio.sleep_forever()
+        token = object()
+        self._active[token] = key
+        try:
+            return await self._begin(key, occurrence, position, fn, args, kwargs, idempotent, token)
+        finally:
+            self._settled(token)
+
+    async def _begin(
+        self,
+        key: str,
+        occurrence: int,
+        position: int,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        idempotent: bool,
+        token: object,
+    ) -> Any:
         where = {"key": key, "occurrence": occurrence, "position": position}
         if not idempotent:
             await self._write(_gw.start, **where)
         try:
-            value = fn(*args, **kwargs)
-            if inspect.isawaitable(value):
-                value = await value
+            inside = _ENCLOSING.set((*_ENCLOSING.get(), token))
+            try:
+                value = fn(*args, **kwargs)
+                if inspect.isawaitable(value):
+                    value = await value
+            finally:
+                _ENCLOSING.reset(inside)
             text = _json.dumps(value, f"step {key!r} result", MAX_STEP_BYTES)
         except Exception as exc:
             if idempotent:
@@ -201,11 +242,61 @@ class Steps:
         if prior is not None and prior.status == "recorded":
             if position == self._resume_at:
                 self._unmute()  # the replay has reached where the run paused
+            elif self._journal is not None and not self._journal.muted:
+                # A retry passing a wait an earlier attempt parked on: that park kept the
+                # text streamed before the wait as the wait's message; it is not this
+                # attempt's answer to save again.
+                self._journal.answer_taken()
             return prior.result
-        await self._write(_gw.wait, key=key, occurrence=0, position=position, request=text)
-        self._host.park(self._run_id, Park(key, request, timeout))
+        token = object()
+        self._active[token] = key
+        try:
+            await self._write(_gw.wait, key=key, occurrence=0, position=position, request=text)
+        finally:
+            self._settled(token)
+        if self._parking is None:
+            # The first wait marked parks the run, once the turn's work in flight has
+            # settled; any other (parallel) wait is marked too, and is asked as well.
+            # The text streamed before the wait is kept under the wait's own message id,
+            # the same on every attempt (a wait's key is its own in the turn).
+            message_id = uuid.uuid5(self._lineage, f"input:{key}")
+            self._parking = park = Park(key, request, timeout, message_id)
+            await self._settle(key)
+            self._host.park(self._run_id, park)
         await anyio.sleep_forever()
         raise AssertionError("unreachable: a parked run's agent is cancelled")  # pragma: no cover
+
+    def _settled(self, token: object) -> None:
+        self._active.pop(token, None)
+        if self._changed is not None:
+            self._changed.set()
+
+    async def _settle(self, key: str) -> None:
+        """Waits until no step of the turn is in flight (begun, not recorded) and no other
+        input is being marked, at most half the lease: a park must not cut a step runrow
+        began, which would leave it uncertain. No step begins meanwhile. A step still
+        running past the bound is cut by the park: its effect may have happened, so a
+        step marked begun stays uncertain, as after a crash, and the log says so."""
+        mine = set(_ENCLOSING.get())  # steps this wait runs inside: they cannot settle first
+
+        def others() -> list[str]:
+            return [k for t, k in self._active.items() if t not in mine]
+
+        bound = self._host.settings.lease / 2
+        with anyio.move_on_after(bound):
+            while others():
+                self._changed = changed = anyio.Event()
+                await changed.wait()
+        if left := others():
+            log.warning(
+                "run %s parks for input %r with step(s) %s still running after %gs: the park "
+                "cuts them, and a step marked begun stays uncertain",
+                self._run_id,
+                key,
+                ", ".join(repr(k) for k in sorted(left)),
+                bound,
+                extra={"run_id": str(self._run_id)},
+            )
 
     async def _write(self, statement: Callable[..., Awaitable[T | None]], **params: Any) -> T:
         """A fenced step write; what it returned. Shielded: a stop cutting it short would

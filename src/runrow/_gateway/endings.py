@@ -37,6 +37,9 @@ class Ending(NamedTuple):
     """A failed run to retry automatically, if its stamped policy allows (finalize decides)."""
     input_timeout: float | None = None
     """A parked run (status ``waiting``): seconds its input may take (None: no limit)."""
+    partial_id: uuid.UUID | None = None
+    """The id ``partial`` is saved under (None: a fresh one); a park's text has its wait's
+    message id, so a retry parking at the same wait does not save it twice."""
 
 
 def finalize_params(endings: Sequence[Ending], channels: Channels) -> dict[str, Any]:
@@ -50,6 +53,7 @@ def finalize_params(endings: Sequence[Ending], channels: Channels) -> dict[str, 
                 "status": e.status,
                 "error": e.error,
                 "partial": e.partial,
+                "partial_id": None if e.partial_id is None else str(e.partial_id),
                 "retry": e.retry,
                 "input_timeout": e.input_timeout,
             }
