@@ -16,13 +16,17 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from psycopg_pool import AsyncConnectionPool
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.routing import Mount, Route
 
 import runrow
+from runrow._json import check_id
 from runrow.http import create_api
+from runrow.http._chat import client_key
 
 from .demo_support import read_sse, serve_asgi
 
@@ -322,3 +326,94 @@ async def test_the_events_route_answers_404_before_it_reads_a_cursor(dsn: str, s
         # An empty Last-Event-ID is an EventSource that has seen no id: from the start.
         resp = await client.get(f"/v1/runs/{run_id}/events", headers={**_as("alice"), "Last-Event-ID": ""})
         assert resp.status_code == 200 and "id: 1\n" in resp.text
+
+
+# Each id at its documented maximum: conversation (chat id, thread id) 128 characters of
+# A-Z a-z 0-9 _ . : -, a message id or an AG-UI runId 200 characters of anything.
+LONG_CHAT = "c:" + "x" * 126
+LONG_ID = "m" * 199 + "\u00e9"
+
+
+def _ai_sdk_body(chat: str, message_id: str, text: str = "hi") -> dict[str, Any]:
+    return {
+        "id": chat,
+        "messages": [{"id": message_id, "role": "user", "parts": [{"type": "text", "text": text}]}],
+    }
+
+
+def _ag_ui_body(thread: str, run_id: str, message_id: str | None, text: str = "hi") -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "user", "content": text}
+    if message_id is not None:
+        message["id"] = message_id
+    return {"threadId": thread, "runId": run_id, "messages": [message]}
+
+
+async def _chat_run(client: httpx.AsyncClient, path: str, body: dict[str, Any]) -> str:
+    """The run a chat POST started (or found again): read its headers only (no worker here)."""
+    async with client.stream("POST", path, json=body, headers=_as("ann")) as resp:
+        assert resp.status_code == 200, await resp.aread()
+        return resp.headers["x-runrow-run-id"]
+
+
+async def test_chat_ids_at_their_documented_maximum_lengths_are_idempotent(dsn: str, schema: str) -> None:
+    """The key a chat POST derives from its ids fits runrow's 256 characters for every id
+    within the limits (it was refused with 422 on a field the client never sent), and a
+    repeat still finds the same run."""
+    assert len(LONG_CHAT) == 128 and len(LONG_ID) == 200
+    api, pool = _api(dsn, schema, max_queued_per_conversation=None)
+    async with pool, serve_asgi(api) as base, httpx.AsyncClient(base_url=base, timeout=30) as client:
+        ai_sdk = _ai_sdk_body(LONG_CHAT, LONG_ID)
+        first = await _chat_run(client, "/v1/ai-sdk/chat", ai_sdk)
+        assert await _chat_run(client, "/v1/ai-sdk/chat", ai_sdk) == first
+        by_message = _ag_ui_body("t:" + "y" * 126, "r" * 200, LONG_ID)
+        second = await _chat_run(client, "/v1/ag-ui", by_message)
+        assert await _chat_run(client, "/v1/ag-ui", {**by_message, "runId": "s" * 200}) == second
+        by_run = _ag_ui_body("t:" + "z" * 126, "q" * 199 + "\u00e9", None)
+        third = await _chat_run(client, "/v1/ag-ui", by_run)
+        assert await _chat_run(client, "/v1/ag-ui", by_run) == third
+        assert len({first, second, third}) == 3
+
+
+async def test_chat_keys_of_different_ids_never_collide(dsn: str, schema: str) -> None:
+    """A colon is allowed in a chat id: ("a:b", "c") and ("a", "b:c") are two turns."""
+    api, pool = _api(dsn, schema, max_queued_per_conversation=None)
+    async with pool, serve_asgi(api) as base, httpx.AsyncClient(base_url=base, timeout=30) as client:
+        one = await _chat_run(client, "/v1/ai-sdk/chat", _ai_sdk_body("a:b", "c"))
+        other = await _chat_run(client, "/v1/ai-sdk/chat", _ai_sdk_body("a", "b:c"))
+        assert one != other
+        one = await _chat_run(client, "/v1/ag-ui", _ag_ui_body("t:run:x", "y", None))
+        other = await _chat_run(client, "/v1/ag-ui", _ag_ui_body("t", "x:run:y", None))
+        assert one != other
+
+
+_CHAT_IDS = st.text(alphabet="ab:._-Z9", min_size=1, max_size=128)
+_CLIENT_IDS = st.text(min_size=1, max_size=200)  # anything: NUL, lone surrogates, colons
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    one=st.tuples(
+        st.sampled_from(["ai-sdk", "ag-ui"]),
+        _CHAT_IDS,
+        st.sampled_from([None, "message", "run"]),
+        _CLIENT_IDS,
+    ),
+    other=st.tuples(
+        st.sampled_from(["ai-sdk", "ag-ui"]),
+        _CHAT_IDS,
+        st.sampled_from([None, "message", "run"]),
+        _CLIENT_IDS,
+    ),
+)
+def test_client_keys_are_valid_stable_and_distinct(
+    one: tuple[str, str, str | None, str], other: tuple[str, str, str | None, str]
+) -> None:
+    for ids in (one, other):
+        key = client_key(*ids)
+        check_id(key, "idempotency_key")  # what enqueue checks: it never refuses a derived key
+        assert client_key(*ids) == key
+        protocol, cid, kind, client_id = ids
+        readable = ":".join([protocol, cid, *([] if kind is None else [kind]), client_id])
+        if ":" not in cid and len(readable) <= 256 and "\x00" not in readable and readable.isprintable():
+            assert key == readable  # the key such a request had before: its retry finds its run
+    assert (client_key(*one) == client_key(*other)) == (one == other)
