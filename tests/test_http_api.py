@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -417,3 +418,43 @@ def test_client_keys_are_valid_stable_and_distinct(
         if ":" not in cid and len(readable) <= 256 and "\x00" not in readable and readable.isprintable():
             assert key == readable  # the key such a request had before: its retry finds its run
     assert (client_key(*one) == client_key(*other)) == (one == other)
+
+
+async def test_a_trimmed_runs_stream_ends_once_in_every_format(dsn: str, schema: str) -> None:
+    """After trim a run's journal is one synthesised ending, at seq 1. A client that has
+    it (or anything later) gets 204, which stops an EventSource; it used to get a new
+    ending one id higher on every reconnect, forever."""
+    api, pool = _api(dsn, schema)
+    async with (
+        pool,
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=api), base_url="http://api") as client,
+    ):
+        run_id = (
+            await client.post("/v1/conversations/trim/messages", json={"content": "x"}, headers=_as("alice"))
+        ).json()["run_id"]
+        await runrow.cancel_run(pool, run_id, schema=schema)
+        url = f"/v1/runs/{run_id}/events"
+        before = await client.get(url, headers=_as("alice"))
+        last = before.text.strip().split("\n\n")[-1]
+        assert "event: complete" in last and "id: 3" in last.splitlines()  # seq 1-2, then the ending
+        trimmed = await runrow.trim(
+            pool, retention=timedelta(0), now=datetime.now(UTC) + timedelta(minutes=1), schema=schema
+        )
+        assert trimmed.runs == 1
+        whole = await client.get(url, headers=_as("alice"))
+        assert whole.status_code == 200
+        assert whole.text.count("event: complete") == 1 and "id: 1\n" in whole.text
+        assert '"synthesized": true' in whole.text
+        # The synthesised ending's id, the real ending's from before the trim, or any other.
+        for seen in ("1", "3", "2", "7"):
+            again = await client.get(url, headers={**_as("alice"), "Last-Event-ID": seen})
+            assert again.status_code == 204, (seen, again.text)
+            assert (await client.get(f"{url}?from={seen}", headers=_as("alice"))).status_code == 204
+        for fmt in ("ai-sdk", "ag-ui"):
+            whole = await client.get(f"{url}?format={fmt}", headers=_as("alice"))
+            assert whole.status_code == 200
+            last_id = [line for line in whole.text.splitlines() if line.startswith("id:")][-1][3:].strip()
+            again = await client.get(
+                f"{url}?format={fmt}", headers={**_as("alice"), "Last-Event-ID": last_id}
+            )
+            assert again.status_code == 204
