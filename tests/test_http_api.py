@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -16,13 +17,17 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from psycopg_pool import AsyncConnectionPool
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.routing import Mount, Route
 
 import runrow
+from runrow._json import check_id
 from runrow.http import create_api
+from runrow.http._chat import client_key
 
 from .demo_support import read_sse, serve_asgi
 
@@ -322,3 +327,134 @@ async def test_the_events_route_answers_404_before_it_reads_a_cursor(dsn: str, s
         # An empty Last-Event-ID is an EventSource that has seen no id: from the start.
         resp = await client.get(f"/v1/runs/{run_id}/events", headers={**_as("alice"), "Last-Event-ID": ""})
         assert resp.status_code == 200 and "id: 1\n" in resp.text
+
+
+# Each id at its documented maximum: conversation (chat id, thread id) 128 characters of
+# A-Z a-z 0-9 _ . : -, a message id or an AG-UI runId 200 characters of anything.
+LONG_CHAT = "c:" + "x" * 126
+LONG_ID = "m" * 199 + "\u00e9"
+
+
+def _ai_sdk_body(chat: str, message_id: str, text: str = "hi") -> dict[str, Any]:
+    return {
+        "id": chat,
+        "messages": [{"id": message_id, "role": "user", "parts": [{"type": "text", "text": text}]}],
+    }
+
+
+def _ag_ui_body(thread: str, run_id: str, message_id: str | None, text: str = "hi") -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "user", "content": text}
+    if message_id is not None:
+        message["id"] = message_id
+    return {"threadId": thread, "runId": run_id, "messages": [message]}
+
+
+async def _chat_run(client: httpx.AsyncClient, path: str, body: dict[str, Any]) -> str:
+    """The run a chat POST started (or found again): read its headers only (no worker here)."""
+    async with client.stream("POST", path, json=body, headers=_as("ann")) as resp:
+        assert resp.status_code == 200, await resp.aread()
+        return resp.headers["x-runrow-run-id"]
+
+
+async def test_chat_ids_at_their_documented_maximum_lengths_are_idempotent(dsn: str, schema: str) -> None:
+    """The key a chat POST derives from its ids fits runrow's 256 characters for every id
+    within the limits (it was refused with 422 on a field the client never sent), and a
+    repeat still finds the same run."""
+    assert len(LONG_CHAT) == 128 and len(LONG_ID) == 200
+    api, pool = _api(dsn, schema, max_queued_per_conversation=None)
+    async with pool, serve_asgi(api) as base, httpx.AsyncClient(base_url=base, timeout=30) as client:
+        ai_sdk = _ai_sdk_body(LONG_CHAT, LONG_ID)
+        first = await _chat_run(client, "/v1/ai-sdk/chat", ai_sdk)
+        assert await _chat_run(client, "/v1/ai-sdk/chat", ai_sdk) == first
+        by_message = _ag_ui_body("t:" + "y" * 126, "r" * 200, LONG_ID)
+        second = await _chat_run(client, "/v1/ag-ui", by_message)
+        assert await _chat_run(client, "/v1/ag-ui", {**by_message, "runId": "s" * 200}) == second
+        by_run = _ag_ui_body("t:" + "z" * 126, "q" * 199 + "\u00e9", None)
+        third = await _chat_run(client, "/v1/ag-ui", by_run)
+        assert await _chat_run(client, "/v1/ag-ui", by_run) == third
+        assert len({first, second, third}) == 3
+
+
+async def test_chat_keys_of_different_ids_never_collide(dsn: str, schema: str) -> None:
+    """A colon is allowed in a chat id: ("a:b", "c") and ("a", "b:c") are two turns."""
+    api, pool = _api(dsn, schema, max_queued_per_conversation=None)
+    async with pool, serve_asgi(api) as base, httpx.AsyncClient(base_url=base, timeout=30) as client:
+        one = await _chat_run(client, "/v1/ai-sdk/chat", _ai_sdk_body("a:b", "c"))
+        other = await _chat_run(client, "/v1/ai-sdk/chat", _ai_sdk_body("a", "b:c"))
+        assert one != other
+        one = await _chat_run(client, "/v1/ag-ui", _ag_ui_body("t:run:x", "y", None))
+        other = await _chat_run(client, "/v1/ag-ui", _ag_ui_body("t", "x:run:y", None))
+        assert one != other
+
+
+_CHAT_IDS = st.text(alphabet="ab:._-Z9", min_size=1, max_size=128)
+_CLIENT_IDS = st.text(min_size=1, max_size=200)  # anything: NUL, lone surrogates, colons
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    one=st.tuples(
+        st.sampled_from(["ai-sdk", "ag-ui"]),
+        _CHAT_IDS,
+        st.sampled_from([None, "message", "run"]),
+        _CLIENT_IDS,
+    ),
+    other=st.tuples(
+        st.sampled_from(["ai-sdk", "ag-ui"]),
+        _CHAT_IDS,
+        st.sampled_from([None, "message", "run"]),
+        _CLIENT_IDS,
+    ),
+)
+def test_client_keys_are_valid_stable_and_distinct(
+    one: tuple[str, str, str | None, str], other: tuple[str, str, str | None, str]
+) -> None:
+    for ids in (one, other):
+        key = client_key(*ids)
+        check_id(key, "idempotency_key")  # what enqueue checks: it never refuses a derived key
+        assert client_key(*ids) == key
+        protocol, cid, kind, client_id = ids
+        readable = ":".join([protocol, cid, *([] if kind is None else [kind]), client_id])
+        if ":" not in cid and len(readable) <= 256 and "\x00" not in readable and readable.isprintable():
+            assert key == readable  # the key such a request had before: its retry finds its run
+    assert (client_key(*one) == client_key(*other)) == (one == other)
+
+
+async def test_a_trimmed_runs_stream_ends_once_in_every_format(dsn: str, schema: str) -> None:
+    """After trim a run's journal is one synthesised ending, at seq 1. A client that has
+    it (or anything later) gets 204, which stops an EventSource; it used to get a new
+    ending one id higher on every reconnect, forever."""
+    api, pool = _api(dsn, schema)
+    async with (
+        pool,
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=api), base_url="http://api") as client,
+    ):
+        run_id = (
+            await client.post("/v1/conversations/trim/messages", json={"content": "x"}, headers=_as("alice"))
+        ).json()["run_id"]
+        await runrow.cancel_run(pool, run_id, schema=schema)
+        url = f"/v1/runs/{run_id}/events"
+        before = await client.get(url, headers=_as("alice"))
+        last = before.text.strip().split("\n\n")[-1]
+        assert "event: complete" in last and "id: 3" in last.splitlines()  # seq 1-2, then the ending
+        trimmed = await runrow.trim(
+            pool, retention=timedelta(0), now=datetime.now(UTC) + timedelta(minutes=1), schema=schema
+        )
+        assert trimmed.runs == 1
+        whole = await client.get(url, headers=_as("alice"))
+        assert whole.status_code == 200
+        assert whole.text.count("event: complete") == 1 and "id: 1\n" in whole.text
+        assert '"synthesized": true' in whole.text
+        # The synthesised ending's id, the real ending's from before the trim, or any other.
+        for seen in ("1", "3", "2", "7"):
+            again = await client.get(url, headers={**_as("alice"), "Last-Event-ID": seen})
+            assert again.status_code == 204, (seen, again.text)
+            assert (await client.get(f"{url}?from={seen}", headers=_as("alice"))).status_code == 204
+        for fmt in ("ai-sdk", "ag-ui"):
+            whole = await client.get(f"{url}?format={fmt}", headers=_as("alice"))
+            assert whole.status_code == 200
+            last_id = [line for line in whole.text.splitlines() if line.startswith("id:")][-1][3:].strip()
+            again = await client.get(
+                f"{url}?format={fmt}", headers={**_as("alice"), "Last-Event-ID": last_id}
+            )
+            assert again.status_code == 204

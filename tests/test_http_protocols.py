@@ -56,7 +56,10 @@ WORDS = [
 
 async def agent(run: runrow.RunContext) -> None:
     """Reasoning, text, a tool call, more text over time; with "approve" in the message it
-    also waits for a person's yes before its last words."""
+    also waits for a person's yes before its last words; with "fail", it raises."""
+    if "fail" in str(run.content):
+        await run.text("Trying. ")
+        raise QuotaExceeded("over the model's quota (3 requests/s)")
     await run.text("Thinking it over.", stream="reasoning")
     await run.text("Let me look. ")
     await run.emit(
@@ -79,6 +82,10 @@ async def agent(run: runrow.RunContext) -> None:
         answer = await run.wait_for_input("approve", {"question": "go on?"})
         await run.text(f"approved={answer}")
     await run.write_message("done")
+
+
+class QuotaExceeded(Exception):
+    pass
 
 
 def _user(request: Request) -> str | None:
@@ -298,3 +305,29 @@ async def test_the_ag_ui_post_runs_the_agent_and_streams_its_events(
         assert again.headers["x-runrow-run-id"] == run_id and repeat == blocks
         missing = await client.post("/v1/ag-ui", headers=ALICE, json={**body, "runId": ""})
         assert missing.status_code == 400 and missing.json()["error"]["code"] == "bad_run_id"
+
+
+async def test_a_failed_runs_error_reaches_both_protocols_clients(
+    dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """The run's recorded error (its exception's type and message) is the AI SDK's
+    errorText and AG-UI's RUN_ERROR message, where both read "run failed" before."""
+    async with serve(dsn, schema) as (client, pool):
+        chat = {
+            "id": "fails",
+            "messages": [{"id": "f1", "role": "user", "parts": [{"type": "text", "text": "fail"}]}],
+        }
+        resp, blocks = await read_blocks(client, "POST", "/v1/ai-sdk/chat", headers=ALICE, json=chat)
+        run_id = resp.headers["x-runrow-run-id"]
+        info = await runrow.get_run(pool, run_id, schema=schema)
+        assert info.status == "failed"
+        assert info.error == {"type": "QuotaExceeded", "message": "over the model's quota (3 requests/s)"}
+        said = "QuotaExceeded: over the model's quota (3 requests/s)"
+        events = await journal_of(pool, run_id, schema)
+        result = rebuild("ai-sdk", blocks, tmp_path, "fails")
+        check_ai_sdk(result, expected(events), run_id=uuid.UUID(run_id))
+        assert result["errors"] == [said]
+        _, blocks = await read_blocks(client, "GET", f"/v1/runs/{run_id}/events?format=ag-ui", headers=ALICE)
+        result = rebuild("ag-ui", blocks, tmp_path, "fails")
+        check_ag_ui(result, expected(events), run_id=uuid.UUID(run_id), thread="fails")
+        assert result["runError"]["message"] == said and result["runError"]["code"] == "failed"

@@ -72,6 +72,11 @@ JOURNALS = {
     "failed": journal(
         text("Partial"), started("x", "t", [1]), ("complete", {"status": "failed", "error": "agent raised"})
     ),
+    # As runrow records a failure: the exception's type and message (the row's error).
+    "failed with its recorded error": journal(
+        text("Partial"),
+        ("complete", {"status": "failed", "error": {"type": "RateLimitError", "message": "slow down: 3/s"}}),
+    ),
     "cancelled": journal(text("Stop"), ("complete", {"status": "cancelled", "reason": "stopped"})),
     "expired": journal(
         ("input_requested", {"key": "k", "request": "why?", "expires_at": None}),
@@ -162,11 +167,7 @@ def check_ai_sdk(result: dict[str, Any], want: dict[str, Any], *, run_id: uuid.U
             assert part["type"] == "step-start"
     assert (order, tools, inputs) == (want["order"], want["tools"], want["inputs"])
     status = want["ending"]["status"]
-    assert result["errors"] == (
-        [want["ending"].get("error") or f"run {status} (input_expired)"]
-        if status in ("failed", "expired")
-        else []
-    )
+    assert result["errors"] == ([ending_text(want["ending"])] if status in ("failed", "expired") else [])
     assert ("abort" in result["chunkTypes"]) == (status == "cancelled")
     assert result["chunkTypes"][-1] == "finish"
 
@@ -205,6 +206,19 @@ def check_ag_ui(
         assert types[-1] == "RUN_FINISHED" and result["runError"] is None
     else:
         assert types[-1] == "RUN_ERROR" and result["runError"]["code"] == status
+        assert result["runError"]["message"] == ending_text(want["ending"])
+
+
+def ending_text(ending: dict[str, Any]) -> str:
+    """What a client shows for a run that did not complete: its recorded error ("type:
+    message", as the run's row holds it), else its status and reason."""
+    error = ending.get("error")
+    if isinstance(error, dict) and error:
+        return ": ".join(error[k] for k in ("type", "message") if error.get(k))
+    if isinstance(error, str) and error:
+        return error
+    reason = ending.get("reason")
+    return f"run {ending['status']}" + (f" ({reason})" if reason else "")
 
 
 CHECKS = {"ai-sdk": check_ai_sdk, "ag-ui": check_ag_ui}

@@ -255,3 +255,31 @@ def test_missing_node_clients_fail_under_ci(monkeypatch: pytest.MonkeyPatch, tmp
     monkeypatch.setenv("CI", "true")
     with pytest.raises(pytest.fail.Exception, match="CI must run"):
         protocol_support.require_node_clients()
+
+
+# A failed run's error as runrow records it (on the row and in its ending): the agent's
+# exception's type and message, or one of runrow's own (worker_lost, deadline_exceeded).
+RECORDED_ERRORS = [
+    ({"type": "RateLimitError", "message": "slow down"}, "RateLimitError: slow down"),
+    (
+        {"type": "worker_lost", "message": "the worker stopped heartbeating; its lease expired"},
+        "worker_lost: the worker stopped heartbeating; its lease expired",
+    ),
+    ({"type": "ValueError", "message": ""}, "ValueError"),
+    ({"message": "no type"}, "no type"),
+    ({}, "run failed"),
+    (None, "run failed"),
+]
+
+
+@pytest.mark.parametrize(("error", "text"), RECORDED_ERRORS)
+@pytest.mark.parametrize("synthesized", [False, True])
+def test_a_failed_runs_recorded_error_reaches_both_protocols(
+    error: dict[str, str] | None, text: str, synthesized: bool
+) -> None:
+    ending = {"error": error, **({"synthesized": True} if synthesized else {})}
+    events = journal(delta("a"), complete("failed", **ending))
+    chunks = [json.loads(f.data) for _, f in encode("ai-sdk", events)[:-1]]
+    assert [c["errorText"] for c in chunks if c["type"] == "error"] == [text]
+    frames = [json.loads(f.data) for _, f in encode("ag-ui", events)]
+    assert frames[-1] == {"type": "RUN_ERROR", "message": text, "code": "failed"}

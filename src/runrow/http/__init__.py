@@ -18,6 +18,10 @@ Routes (JSON; errors are ``{"error": {"code", "message"}}`` with a 4xx status):
   default transport and its resume. ``POST /v1/ag-ui``: an AG-UI ``HttpAgent``'s endpoint.
 * ``GET /openapi.json``, generated from these routes.
 
+Other sites' pages: a body is read only when sent as ``application/json`` (415), and a
+POST the browser says another site sent (``Sec-Fetch-Site``, ``Origin``) answers 403
+``cross_site``, unless its origin is in ``allowed_origins``.
+
 Ownership: a run is its enqueuer's; someone else's answers 404, exactly like an unknown
 id (a run id is a secret). A conversation is its first poster's; someone else's answers
 403 (its id is a name anyone may pick, and a post to it must be refused anyway).
@@ -28,6 +32,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -37,10 +42,11 @@ from ._chat import ChatEndpoints
 from ._conversations import ConversationRoutes
 from ._errors import EXCEPTION_HANDLERS, ApiError
 from ._openapi import openapi_document
+from ._origin import CrossSiteGuard, checked_origins
 from ._runs import RunRoutes
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Mapping
+    from collections.abc import Awaitable, Callable, Collection, Mapping
 
     from psycopg_pool import AsyncConnectionPool
     from starlette.requests import Request
@@ -74,6 +80,7 @@ def create_api(
     conversation_extras: ConversationExtras | None = None,
     max_chat_body_bytes: int = 4 * 1024 * 1024,
     title: str = "runrow API",
+    allowed_origins: Collection[str] = (),
 ) -> Starlette:
     """The API as a Starlette app, to mount (``app.mount("/chat", create_api(...))``).
 
@@ -86,8 +93,16 @@ def create_api(
     send the whole history; only the last message is enqueued and held to
     ``max_content_bytes``). ``keepalive``: seconds between an idle stream's comments.
     ``worker_slots``: the runs your workers take at once, for the wait estimate.
+
+    Against other sites' pages (cookie sign-in sends the cookie whatever page asks): a
+    body is read only when sent as ``application/json`` (else 415), and a request that
+    changes something (any method but GET, HEAD, OPTIONS) is refused with 403
+    ``cross_site`` when the browser says another site sent it (``Sec-Fetch-Site``, else
+    ``Origin``), unless its ``Origin`` is in ``allowed_origins`` (exact
+    ``scheme://host[:port]`` origins, e.g. your frontend on another domain).
     """
     check_schema(schema)
+    origins = checked_origins(allowed_origins)
     if max_content_bytes < 1 or keepalive <= 0 or worker_slots < 1:
         raise ValueError("max_content_bytes and worker_slots must be at least 1, keepalive positive")
     api = Endpoints(
@@ -125,6 +140,8 @@ def create_api(
     app = Starlette(
         routes=[*routes, Route("/openapi.json", openapi, methods=["GET"], include_in_schema=False)],
         exception_handlers=EXCEPTION_HANDLERS,
+        # Outermost: another site's request is refused before any route reads it.
+        middleware=[Middleware(CrossSiteGuard, allowed_origins=origins)],
     )
     app.state.runrow_api = api
     return app

@@ -114,7 +114,13 @@ class Endpoints:
 
     async def json_body(self, request: Request, limit: int | None = None) -> dict[str, Any]:
         """The request's JSON object, refused (413) while it is read once past ``limit``
-        bytes (default: the API's body limit)."""
+        bytes (default: the API's body limit); 415 unless it is sent as JSON."""
+        if not _is_json(request.headers.get("content-type")):
+            # A form (text/plain, urlencoded, multipart) is what another site's page can
+            # post without the browser asking first: a body must say it is JSON.
+            raise ApiError(
+                415, "unsupported_media_type", "the body must be sent as Content-Type: application/json"
+            )
         limit = limit or self.max_body_bytes
         declared = request.headers.get("content-length")
         if declared is not None and (
@@ -169,6 +175,12 @@ class Endpoints:
             raise ApiError(429, "overloaded", str(exc), {"Retry-After": str(exc.retry_after)}) from None
 
     # -- routes -------------------------------------------------------------------------
+
+
+def _is_json(content_type: str | None) -> bool:
+    """``application/json`` or an ``application/...+json`` type, any parameters."""
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
 
 def checked_conversation_id(cid: object) -> str:

@@ -10,6 +10,8 @@ streams the same run instead of queueing a second turn.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import TYPE_CHECKING, Any
 
 from starlette.responses import Response
@@ -25,9 +27,10 @@ from ._openapi import Doc, documented, error
 if TYPE_CHECKING:
     from starlette.requests import Request
 
-__all__ = ["ChatEndpoints"]
+__all__ = ["ChatEndpoints", "client_key"]
 
 MAX_CLIENT_ID = 200
+MAX_KEY = 256  # runrow's idempotency keys (enqueue refuses longer ones)
 MAX_QUEUED_SCAN = 1000  # past this many queued turns, the oldest of the newest 1000
 _STREAM = {
     "description": "The run's stream in the protocol's format (header `x-runrow-run-id` names the run)",
@@ -73,6 +76,31 @@ def _last_user_message(messages: Any) -> tuple[str | None, str]:
         raise ApiError(422, "invalid_input", "the last user message must have some text")
     mid = last.get("id")
     return (mid if isinstance(mid, str) and 0 < len(mid) <= MAX_CLIENT_ID else None), text
+
+
+def client_key(protocol: str, cid: str, kind: str | None, client_id: str) -> str:
+    """The idempotency key of a client's message or run id in conversation ``cid``.
+
+    ``protocol:cid:[kind:]client_id`` as long as that names one (cid, kind, id) alone and
+    fits runrow's limit: the key a request had before keeps finding its run. A cid with a
+    colon could split two ways ("a:b" + "c", "a" + "b:c"), and a long or odd id (NUL, a
+    lone surrogate) would not fit: those get ``protocol#`` and the SHA-256 of the three,
+    which the readable form never starts with.
+    """
+    parts = [cid] if kind is None else [cid, kind]
+    plain = ":".join([protocol, *parts, client_id])
+    if ":" not in cid and len(plain) <= MAX_KEY and "\x00" not in plain and _encodable(plain):
+        return plain
+    exact = json.dumps([*parts, client_id]).encode()  # ASCII: surrogates are escaped
+    return f"{protocol}#{hashlib.sha256(exact).hexdigest()}"
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:  # a lone surrogate: the database takes UTF-8 only
+        return False
+    return True
 
 
 class ChatEndpoints:
@@ -142,7 +170,8 @@ class ChatEndpoints:
             )
         mid, text = _last_user_message(data.get("messages"))
         # The message's id, per conversation: a transport's retry finds the same run.
-        return await self._start(request, "ai-sdk", cid, text, None if mid is None else f"ai-sdk:{cid}:{mid}")
+        key = None if mid is None else client_key("ai-sdk", cid, None, mid)
+        return await self._start(request, "ai-sdk", cid, text, key)
 
     @documented(
         Doc(
@@ -213,7 +242,11 @@ class ChatEndpoints:
         mid, text = _last_user_message(data.get("messages"))
         # The user message's id when it has one (a new run of the same question is the
         # same turn), else the client's run id.
-        key = f"ag-ui:{cid}:message:{mid}" if mid is not None else f"ag-ui:{cid}:run:{client_run}"
+        key = (
+            client_key("ag-ui", cid, "message", mid)
+            if mid is not None
+            else client_key("ag-ui", cid, "run", client_run)
+        )
         return await self._start(request, "ag-ui", cid, text, key)
 
 

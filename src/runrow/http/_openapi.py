@@ -14,6 +14,8 @@ from typing import Any, TypeVar
 
 from starlette.routing import BaseRoute, Route
 
+from ._origin import SAFE_METHODS
+
 __all__ = ["Doc", "documented", "error", "json_response", "openapi_document"]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -66,7 +68,23 @@ def json_response(schema_name: str, description: str) -> dict[str, Any]:
     }
 
 
-def _operation(route: Route, doc: Doc) -> dict[str, Any]:
+_CROSS_SITE = "`cross_site`: sent by another site's page (see `Sec-Fetch-Site`, `Origin`)"
+_NOT_JSON = error("`unsupported_media_type`: the body is not sent as `application/json`")
+
+
+def _refusals(method: str, doc: Doc) -> dict[str, dict[str, Any]]:
+    """The answers every route of its kind shares: a change from another site (403) and
+    a body not sent as JSON (415), next to the route's own."""
+    responses = dict(doc.responses)
+    if method not in SAFE_METHODS:
+        own = responses.get("403", {}).get("description")
+        responses["403"] = error(_CROSS_SITE if own is None else f"{own}; or {_CROSS_SITE}")
+    if doc.body is not None:
+        responses["415"] = _NOT_JSON
+    return dict(sorted(responses.items()))
+
+
+def _operation(route: Route, doc: Doc, method: str) -> dict[str, Any]:
     params = [
         {
             "name": name,
@@ -80,7 +98,7 @@ def _operation(route: Route, doc: Doc) -> dict[str, Any]:
         "summary": doc.summary,
         "tags": list(doc.tags),
         "parameters": [*params, *doc.parameters],
-        "responses": dict(doc.responses),
+        "responses": _refusals(method, doc),
     }
     if doc.description:
         op["description"] = doc.description
@@ -101,7 +119,7 @@ def openapi_document(routes: Sequence[BaseRoute], *, title: str, description: st
         for method in sorted(route.methods or ()):
             if method == "HEAD":
                 continue
-            paths.setdefault(route.path, {})[method.lower()] = _operation(route, doc)
+            paths.setdefault(route.path, {})[method.lower()] = _operation(route, doc, method)
     return {
         "openapi": "3.1.0",
         "info": {"title": title, "version": "1", "description": description},

@@ -106,8 +106,9 @@ class RunRoutes:
                     "content": {"text/event-stream": {"schema": {"type": "string"}}},
                 },
                 "204": {
-                    "description": "The run has finished and nothing follows the cursor: an "
-                    "EventSource stops reconnecting"
+                    "description": "The run has finished and nothing follows the cursor (a "
+                    "trimmed run's journal is its synthesised ending alone, at 1): an EventSource "
+                    "stops reconnecting"
                 },
                 "400": error("Bad cursor or format"),
                 "401": UNAUTHORIZED,

@@ -6,7 +6,8 @@ encoded by :mod:`runrow.protocols`: its stream is always read from seq 1, so the
 encoder's state (open text parts, tool calls) is rebuilt exactly, and what the client
 already has (up to its cursor, which may fall between two frames of one event) is
 dropped. Either way a finished run with nothing after the cursor answers 204, the one
-answer that stops an EventSource from reconnecting for good.
+answer that stops an EventSource from reconnecting for good. After ``trim``, a run's
+stream in every format is one event, its ending synthesised from the run row, at seq 1.
 """
 
 from __future__ import annotations
@@ -154,6 +155,13 @@ async def _runrow_stream(
         try:
             first = await anext(events)
         except (StopAsyncIteration, runrow.InvalidInput, runrow.RunNotFound):
+            first = None
+        if first is not None and start > 0 and first.payload.get("synthesized"):
+            # A trimmed journal is its synthesised ending alone, at seq 1 (as the protocol
+            # formats read it): a client past 0 has it, or all there was before the trim.
+            # (The tail would synthesise one after any cursor, each reconnect one higher.)
+            first = None
+        if first is None:
             await close(events)
             return Response(status_code=204, headers=_NO_STORE)
     return EventSourceResponse(_runrow_events(events, first), ping=0, sep=SEP, headers=_NO_STORE)

@@ -18,7 +18,8 @@ One run is one assistant message, id ``run-<run_id>``. The mapping:
   waiting when the run ends is replaced with ``status: "expired"`` (the run expired) or
   ``"closed"`` (it ended otherwise);
 * other events (``user_message_created``, ``run_queued``, agent-defined ones): no frames;
-* ``complete``: ``finish-step``; then ``error`` (failed, expired) or ``abort`` (cancelled);
+* ``complete``: ``finish-step``; then ``error`` (failed, expired; ``errorText``: the run's
+  recorded error, ``"type: message"``) or ``abort`` (cancelled);
   then ``finish`` and ``[DONE]``. ``useChat`` treats ``error`` as a failed request (status
   ``error``), keeping the parts it already has; ``readUIMessageStream`` carries on.
 """

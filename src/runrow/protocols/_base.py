@@ -73,8 +73,18 @@ def json_text(value: Any) -> str:
 
 
 def error_text(payload: dict[str, Any]) -> str:
-    """A terminal event's human-readable cause: its ``error``, else status and reason."""
+    """A terminal event's human-readable cause: its ``error``, else status and reason.
+
+    runrow records an error as ``{"type", "message"}`` (the agent's exception, or its own
+    ``worker_lost``, ``deadline_exceeded``...): that reads ``"type: message"``, the form
+    of the worker's log line. A stream's reader is the run's owner, who can read the same
+    error on the run's row and in its journal's terminal event anyway.
+    """
     error = payload.get("error")
+    if isinstance(error, dict):
+        said = [error[k] for k in ("type", "message") if isinstance(error.get(k), str) and error[k]]
+        if said:
+            return ": ".join(said)
     if isinstance(error, str) and error:
         return error
     status = str(payload.get("status", "failed"))
