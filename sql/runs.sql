@@ -565,7 +565,18 @@ WITH locked AS (
     -- ending, a stop) or frozen mid-transaction (a worker stopped between a pipelined
     -- fold's statements and its sync): waiting would hold every other run of the batch,
     -- on every reaper, for as long as that process stays frozen.
-    SELECT a.id, a.status AS was FROM {schema}.agent_run a
+    -- The row's one cause (its error type and its terminal event's reason). A running
+    -- run both lost and past its deadline (reaped late: every worker was down, say) is
+    -- ended for whichever passed first, as a prompt reaper would have: its lease lapsing
+    -- (worker_lost) or its deadline (deadline_exceeded). (Locking reads the row's latest
+    -- version, the one the update below re-checks.)
+    SELECT a.id, a.status AS was,
+           CASE WHEN a.status = 'waiting'
+                THEN CASE WHEN a.deadline_at <= coalesce(%(now)s::timestamptz, now())
+                          THEN 'deadline_exceeded' ELSE 'input_expired' END
+                WHEN a.deadline_at <= a.claim_expires_at THEN 'deadline_exceeded'
+                ELSE 'worker_lost' END AS cause
+    FROM {schema}.agent_run a
     WHERE a.id = ANY(%(ids)s::uuid[]) AND a.status IN ('running', 'waiting')
     ORDER BY a.id
     FOR NO KEY UPDATE OF a SKIP LOCKED
@@ -574,26 +585,17 @@ WITH locked AS (
     -- turn's deadline.
     UPDATE {schema}.agent_run a SET
         status      = CASE WHEN l.was = 'waiting'
-                           THEN CASE WHEN a.deadline_at <= coalesce(%(now)s::timestamptz, now())
-                                     THEN 'failed' ELSE 'expired' END
+                           THEN CASE WHEN l.cause = 'deadline_exceeded' THEN 'failed' ELSE 'expired' END
                            WHEN a.cancel_requested THEN 'cancelled' ELSE 'failed' END,
         error       = CASE
-                          WHEN l.was = 'waiting' AND a.deadline_at <= coalesce(%(now)s::timestamptz, now())
-                          THEN jsonb_build_object(
-                              'type', 'deadline_exceeded',
-                              'message', 'the run was still waiting for input at its deadline')
-                          WHEN l.was = 'waiting' THEN jsonb_build_object(
-                              'type', 'input_expired',
-                              'message', 'no input arrived before the wait''s timeout')
-                          WHEN a.cancel_requested THEN NULL
-                          WHEN a.deadline_at < coalesce(%(now)s::timestamptz, now())
-                                               - make_interval(secs => %(grace_seconds)s)
-                          THEN jsonb_build_object(
-                              'type', 'deadline_exceeded',
-                              'message', 'the run was still running past its deadline')
-                          ELSE jsonb_build_object(
-                              'type', 'worker_lost',
-                              'message', 'the worker stopped heartbeating; its lease expired') END,
+                          WHEN l.was = 'running' AND a.cancel_requested THEN NULL
+                          ELSE jsonb_build_object('type', l.cause, 'message', CASE
+                              WHEN l.was = 'waiting' AND l.cause = 'deadline_exceeded'
+                              THEN 'the run was still waiting for input at its deadline'
+                              WHEN l.was = 'waiting' THEN 'no input arrived before the wait''s timeout'
+                              WHEN l.cause = 'deadline_exceeded'
+                              THEN 'the run was still running past its deadline'
+                              ELSE 'the worker stopped heartbeating; its lease expired' END) END,
         finished_at = now()
     FROM locked l
     WHERE a.id = ANY (ARRAY(SELECT id FROM locked)) AND l.id = a.id
@@ -603,11 +605,7 @@ WITH locked AS (
                  OR a.deadline_at < coalesce(%(now)s::timestamptz, now())
                                     - make_interval(secs => %(grace_seconds)s)))
            OR (a.status = 'waiting' AND a.input_deadline_at <= coalesce(%(now)s::timestamptz, now())))
-    RETURNING a.id, a.conversation_id, a.status, a.error, a.worker_id,
-              CASE WHEN l.was = 'waiting' THEN a.error ->> 'type'
-                   WHEN a.claim_expires_at < coalesce(%(now)s::timestamptz, now())
-                                             - make_interval(secs => %(grace_seconds)s)
-                   THEN 'worker_lost' ELSE 'deadline_exceeded' END AS reason,
+    RETURNING a.id, a.conversation_id, a.status, a.error, a.worker_id, l.cause AS reason,
               l.was = 'waiting' AS parked
 ), ev AS (
     INSERT INTO {schema}.run_event (run_id, seq, type, payload)
