@@ -15,10 +15,12 @@ import pytest
 from psycopg import sql
 
 import runrow
+from runrow._engine.executor import DEADLINE_ERROR
 from runrow._engine.reaper import reap_expired
 from runrow._gateway import statement_text
 from runrow.admin import AdminAccess
 
+from . import manual
 from .admin_support import admin_client, csrf_of, listed
 from .bulk import seed
 
@@ -228,6 +230,22 @@ async def test_the_detail_page_shows_the_reapers_hand_and_uncertain_calls(dsn: s
         assert "charge_card" in page and "call-9" in page and "w-dead" in page
         health = (await client.get("/admin/health")).text
         assert "<dd id='reaped'>1</dd>" in health and "<svg" in health and "Queue depth" in health
+
+
+async def test_a_run_its_worker_ended_at_its_deadline_is_not_shown_as_reaped(dsn: str, schema: str) -> None:
+    """The worker's own deadline ending has the reaper's error type (deadline_exceeded):
+    the page and the health counter must tell them apart by the terminal event."""
+    (rid,) = await _enqueue(dsn, schema, 1, deadline=timedelta(seconds=1))
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c:
+        (claimed,) = await manual.claim(c, schema, worker_id="w-alive")
+        assert await manual.finalize(
+            c, schema, rid, claimed["claim_token"], "failed", claimed["last_seq"] + 1, error=DEADLINE_ERROR
+        )
+    async with admin_client(dsn, schema) as client:
+        page = (await client.get(f"/admin/runs/{rid}")).text
+        assert "deadline_exceeded" in page and "the reaper ended it" not in page
+        health = (await client.get("/admin/health")).text
+        assert "<dd id='reaped'>0</dd>" in health
 
 
 # Each filter, with a rare value, and the index that must serve it (the plan's order
