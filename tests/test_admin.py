@@ -7,17 +7,20 @@ from __future__ import annotations
 import json
 import uuid
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, get_args
 
 import anyio
 import psycopg
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 from psycopg import sql
 
 import runrow
 from runrow._engine.executor import DEADLINE_ERROR
 from runrow._engine.reaper import reap_expired
 from runrow._gateway import statement_text
+from runrow._models import RunStatus
 from runrow.admin import AdminAccess
 
 from . import manual
@@ -25,6 +28,8 @@ from .admin_support import admin_client, csrf_of, listed
 from .bulk import seed
 
 pytestmark = pytest.mark.anyio
+
+_STATUSES: tuple[str, ...] = get_args(RunStatus)
 
 
 async def _enqueue(dsn: str, schema: str, n: int, **kw: Any) -> list[uuid.UUID]:
@@ -467,3 +472,56 @@ async def test_a_scope_never_sees_a_whole_conversation_it_has_not_read_whole(
         assert (await client.get("/admin/conversation/stop?id=conv-long")).status_code == 404
     with pytest.raises(ValueError, match="non-empty"):
         AdminAccess(tenant_id="")
+
+
+# Every query parameter the admin reads, where, and what an arbitrary value may get:
+# "id" a host id (400 unless storable: non-empty after the list's strip, no NUL, at most
+# 256 characters), "status" one of the statuses, "parsed" a time, cursor or seq (or 400).
+# Nothing gets a 500.
+_QUERY_PARAMS: list[tuple[str, str, str]] = [
+    ("/admin/", "tenant", "filter"),
+    ("/admin/", "conversation", "filter"),
+    ("/admin/", "user", "filter"),
+    ("/admin/", "worker", "filter"),
+    ("/admin/", "status", "status"),
+    ("/admin/", "from", "parsed"),
+    ("/admin/", "to", "parsed"),
+    ("/admin/", "before", "parsed"),
+    ("/admin/conversation", "id", "conversation"),
+    ("/admin/conversation/stop", "id", "conversation"),
+    ("/admin/runs/{run}/events", "from", "parsed"),
+]
+
+
+def _storable_id(value: str) -> bool:
+    return bool(value) and "\x00" not in value and len(value) <= 256
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(where=st.sampled_from(_QUERY_PARAMS), value=st.text(max_size=300) | st.text("a\x00 ", max_size=4))
+@example(where=("/admin/", "conversation", "filter"), value="c\x00")
+@example(where=("/admin/", "user", "filter"), value="\x00")
+@example(where=("/admin/", "worker", "filter"), value="w\x00w")
+@example(where=("/admin/", "tenant", "filter"), value="\x00t")
+@example(where=("/admin/conversation", "id", "conversation"), value="c\x00")
+@example(where=("/admin/conversation/stop", "id", "conversation"), value="c\x00")
+@example(where=("/admin/", "conversation", "filter"), value="c" * 256)
+async def test_every_malformed_query_parameter_gets_400_never_500(
+    dsn: str, schema: str, where: tuple[str, str, str], value: str
+) -> None:
+    path, name, kind = where
+    if "{run}" in path:
+        (rid,) = await _enqueue(dsn, schema, 1)
+        await runrow.cancel_run(dsn, rid, schema=schema)  # ended: its stream ends too
+        path = path.format(run=rid)
+    async with admin_client(dsn, schema) as client:
+        got = (await client.get(path, params={name: value})).status_code
+    if kind == "filter":
+        stripped = value.strip()
+        assert got == (200 if not stripped or _storable_id(stripped) else 400), (name, value, got)
+    elif kind == "status":
+        assert got == (200 if value.strip() in ("", *_STATUSES) else 400), (value, got)
+    elif kind == "conversation":  # no conversation exists: a well-formed id names none
+        assert got == (404 if _storable_id(value) else 400), (path, value, got)
+    else:  # (204: a cursor at or past an ended run's last event, nothing left to send)
+        assert got in (200, 204, 400), (path, name, value, got)
