@@ -676,21 +676,28 @@ FROM fin
 -- write, so this snapshot sees both or neither).
 WITH src AS (
     SELECT id, conversation_id, user_id, tenant_id, user_message_id, request, priority,
-           lineage_id, attempt,
+           lineage_id, attempt, deadline_at,
            pg_advisory_xact_lock(hashtextextended(%(conversation_lock_prefix)s::text || conversation_id, 0))
     FROM {schema}.agent_run
     WHERE id = %(run_id)s AND status IN ('failed', 'cancelled', 'expired') AND NOT journal_trimmed
+      -- A kept deadline that has passed would only end the retry at once: not retried
+      -- (retry_source says why; the caller may set a new deadline or clear it).
+      AND NOT (%(keep_deadline)s AND coalesce(deadline_at <= now(), false))
     -- (Shared, against trim's FOR UPDATE: a trim committing meanwhile cannot delete the
     -- lineage's steps from under this retry, and one that came first is seen.)
     FOR SHARE
 ), run AS (
-    -- The retry keeps the priority; it is due at once and has no deadline. It is the
-    -- next attempt of the same turn, in the same lineage (its steps replay).
+    -- The retry keeps the priority; it is due at once. It is the next attempt of the same
+    -- turn, in the same lineage (its steps replay), and keeps the turn's deadline unless
+    -- the caller set another (an absolute time, or seconds from now) or none.
     INSERT INTO {schema}.agent_run
         (conversation_id, user_id, tenant_id, user_message_id, request, retry_of, priority,
-         lineage_id, attempt)
+         lineage_id, attempt, deadline_at)
     SELECT conversation_id, user_id, tenant_id, user_message_id, request, id, priority,
-           coalesce(lineage_id, id), attempt + 1
+           coalesce(lineage_id, id), attempt + 1,
+           CASE WHEN %(keep_deadline)s THEN deadline_at
+                ELSE coalesce(%(deadline_at)s::timestamptz,
+                              now() + make_interval(secs => %(deadline_in)s::float8)) END
     FROM src
     ON CONFLICT (retry_of) WHERE retry_of IS NOT NULL DO NOTHING
     RETURNING id, status, conversation_id, user_message_id, created_at
@@ -712,8 +719,10 @@ SELECT id, status, conversation_id, user_message_id, created_at
 FROM {schema}.agent_run WHERE retry_of = %(run_id)s
 
 -- name: retry_source
--- Why a run was not retried: its status, and whether trim deleted its request.
-SELECT status, journal_trimmed FROM {schema}.agent_run WHERE id = %(run_id)s
+-- Why a run was not retried: its status, whether trim deleted its request, and its
+-- deadline and whether that has passed (by the database's clock, as retry's check).
+SELECT status, journal_trimmed, deadline_at, coalesce(deadline_at <= now(), false)
+FROM {schema}.agent_run WHERE id = %(run_id)s
 
 -- name: get_run
 SELECT id, conversation_id, user_id, tenant_id, status, request, idempotency_key, retry_of,

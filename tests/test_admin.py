@@ -237,6 +237,26 @@ async def test_the_detail_page_shows_the_reapers_hand_and_uncertain_calls(dsn: s
         assert "<dd id='reaped'>1</dd>" in health and "<svg" in health and "Queue depth" in health
 
 
+async def test_the_admin_retry_keeps_the_deadline_and_refuses_a_passed_one(dsn: str, schema: str) -> None:
+    (rid,) = await _enqueue(dsn, schema, 1, deadline=timedelta(seconds=-1))
+    await runrow.cancel_run(dsn, rid, schema=schema)
+    async with admin_client(dsn, schema) as client:
+        confirm = (await client.get(f"/admin/runs/{rid}/retry")).text
+        assert "keeping the turn&#x27;s deadline" in confirm or "keeping the turn's deadline" in confirm
+        late = await client.post(f"/admin/runs/{rid}/retry", data={"csrf": csrf_of(confirm)})
+        assert late.status_code == 409 and "deadline" in late.text
+    assert (
+        len(
+            await runrow.list_runs(
+                dsn,
+                conversation_id=(await runrow.get_run(dsn, rid, schema=schema)).conversation_id,
+                schema=schema,
+            )
+        )
+        == 1
+    )
+
+
 async def test_a_run_its_worker_ended_at_its_deadline_is_not_shown_as_reaped(dsn: str, schema: str) -> None:
     """The worker's own deadline ending has the reaper's error type (deadline_exceeded):
     the page and the health counter must tell them apart by the terminal event."""

@@ -10,6 +10,7 @@ EXPECTED = {
     "Agent",
     "ConfigurationError",
     "ConversationBusy",
+    "DeadlinePassed",
     "Dispatcher",
     "Draft",
     "DrainReport",
@@ -76,6 +77,7 @@ def test_errors_share_one_base() -> None:
     for name in (
         "ConfigurationError",
         "ConversationBusy",
+        "DeadlinePassed",
         "IdempotencyConflict",
         "InvalidInput",
         "LeaseLost",

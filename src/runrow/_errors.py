@@ -89,6 +89,24 @@ class RunTrimmed(InvalidInput):
         self.run_id = run_id
 
 
+class DeadlinePassed(InvalidInput):
+    """:func:`runrow.retry_run` refused to keep a deadline that has already passed: the
+    retry would end ``failed`` (``deadline_exceeded``) without its agent being called.
+    Nothing was written. Retry with ``deadline=`` a new deadline (a ``timedelta`` from
+    now, or a ``datetime``), or ``deadline=None`` for none.
+    """
+
+    def __init__(self, run_id: object, deadline_at: object) -> None:
+        super().__init__(
+            "deadline",
+            f"run {run_id!s}'s deadline passed at {deadline_at!s}, so a retry that keeps it "
+            "would end at once; pass a new one (retry_run(..., deadline=timedelta(...)), "
+            "`runrow runs retry --deadline-seconds N`) or none (deadline=None, --no-deadline)",
+        )
+        self.run_id = run_id
+        self.deadline_at = deadline_at
+
+
 class LeaseLost(RunrowError):
     """This worker no longer holds the run's claim: it was reaped, stopped or superseded.
 

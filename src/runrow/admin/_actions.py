@@ -33,7 +33,8 @@ _RUN_ACTIONS = {
     ),
     "retry": (
         "Retry run",
-        "Retry this run? A new run answers the same message (once, however often you press).",
+        "Retry this run? A new run answers the same message (once, however often you press), "
+        "keeping the turn's deadline.",
     ),
 }
 
