@@ -106,12 +106,18 @@ LIMIT 500
 
 -- name: admin_finished_series
 -- Runs finished per bucket over the last window (agent_run_finished_idx), by outcome,
--- and those the reaper ended (error type worker_lost or deadline_exceeded).
+-- and those the reaper ended (error type worker_lost or deadline_exceeded, and the
+-- reaper's terminal event: only it lists uncertain_tool_calls, and a worker ending its
+-- own run at the deadline records the same error type). (run_event_one_terminal serves
+-- the look-up, made only for runs with one of those error types.)
 SELECT to_timestamp(floor(extract(epoch FROM finished_at) / %(bucket_seconds)s) * %(bucket_seconds)s) AS bucket,
        count(*) FILTER (WHERE status = 'completed') AS completed,
        count(*) FILTER (WHERE status <> 'completed') AS ended_otherwise,
-       count(*) FILTER (WHERE error ->> 'type' IN ('worker_lost', 'deadline_exceeded')) AS reaped
-FROM {schema}.agent_run
+       count(*) FILTER (WHERE r.error ->> 'type' IN ('worker_lost', 'deadline_exceeded')
+                          AND EXISTS (SELECT 1 FROM {schema}.run_event e
+                                      WHERE e.run_id = r.id AND e.type = 'complete'
+                                        AND e.payload ? 'uncertain_tool_calls')) AS reaped
+FROM {schema}.agent_run r
 WHERE finished_at > now() - make_interval(secs => %(window_seconds)s)
   AND (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s)
 GROUP BY 1

@@ -569,7 +569,18 @@ WITH locked AS (
     -- ending, a stop) or frozen mid-transaction (a worker stopped between a pipelined
     -- fold's statements and its sync): waiting would hold every other run of the batch,
     -- on every reaper, for as long as that process stays frozen.
-    SELECT a.id, a.status AS was FROM {schema}.agent_run a
+    -- The row's one cause (its error type and its terminal event's reason). A running
+    -- run both lost and past its deadline (reaped late: every worker was down, say) is
+    -- ended for whichever passed first, as a prompt reaper would have: its lease lapsing
+    -- (worker_lost) or its deadline (deadline_exceeded). (Locking reads the row's latest
+    -- version, the one the update below re-checks.)
+    SELECT a.id, a.status AS was,
+           CASE WHEN a.status = 'waiting'
+                THEN CASE WHEN a.deadline_at <= coalesce(%(now)s::timestamptz, now())
+                          THEN 'deadline_exceeded' ELSE 'input_expired' END
+                WHEN a.deadline_at <= a.claim_expires_at THEN 'deadline_exceeded'
+                ELSE 'worker_lost' END AS cause
+    FROM {schema}.agent_run a
     WHERE a.id = ANY(%(ids)s::uuid[]) AND a.status IN ('running', 'waiting')
     ORDER BY a.id
     FOR NO KEY UPDATE OF a SKIP LOCKED
@@ -578,26 +589,17 @@ WITH locked AS (
     -- turn's deadline.
     UPDATE {schema}.agent_run a SET
         status      = CASE WHEN l.was = 'waiting'
-                           THEN CASE WHEN a.deadline_at <= coalesce(%(now)s::timestamptz, now())
-                                     THEN 'failed' ELSE 'expired' END
+                           THEN CASE WHEN l.cause = 'deadline_exceeded' THEN 'failed' ELSE 'expired' END
                            WHEN a.cancel_requested THEN 'cancelled' ELSE 'failed' END,
         error       = CASE
-                          WHEN l.was = 'waiting' AND a.deadline_at <= coalesce(%(now)s::timestamptz, now())
-                          THEN jsonb_build_object(
-                              'type', 'deadline_exceeded',
-                              'message', 'the run was still waiting for input at its deadline')
-                          WHEN l.was = 'waiting' THEN jsonb_build_object(
-                              'type', 'input_expired',
-                              'message', 'no input arrived before the wait''s timeout')
-                          WHEN a.cancel_requested THEN NULL
-                          WHEN a.deadline_at < coalesce(%(now)s::timestamptz, now())
-                                               - make_interval(secs => %(grace_seconds)s)
-                          THEN jsonb_build_object(
-                              'type', 'deadline_exceeded',
-                              'message', 'the run was still running past its deadline')
-                          ELSE jsonb_build_object(
-                              'type', 'worker_lost',
-                              'message', 'the worker stopped heartbeating; its lease expired') END,
+                          WHEN l.was = 'running' AND a.cancel_requested THEN NULL
+                          ELSE jsonb_build_object('type', l.cause, 'message', CASE
+                              WHEN l.was = 'waiting' AND l.cause = 'deadline_exceeded'
+                              THEN 'the run was still waiting for input at its deadline'
+                              WHEN l.was = 'waiting' THEN 'no input arrived before the wait''s timeout'
+                              WHEN l.cause = 'deadline_exceeded'
+                              THEN 'the run was still running past its deadline'
+                              ELSE 'the worker stopped heartbeating; its lease expired' END) END,
         finished_at = now()
     FROM locked l
     WHERE a.id = ANY (ARRAY(SELECT id FROM locked)) AND l.id = a.id
@@ -607,11 +609,7 @@ WITH locked AS (
                  OR a.deadline_at < coalesce(%(now)s::timestamptz, now())
                                     - make_interval(secs => %(grace_seconds)s)))
            OR (a.status = 'waiting' AND a.input_deadline_at <= coalesce(%(now)s::timestamptz, now())))
-    RETURNING a.id, a.conversation_id, a.status, a.error, a.worker_id,
-              CASE WHEN l.was = 'waiting' THEN a.error ->> 'type'
-                   WHEN a.claim_expires_at < coalesce(%(now)s::timestamptz, now())
-                                             - make_interval(secs => %(grace_seconds)s)
-                   THEN 'worker_lost' ELSE 'deadline_exceeded' END AS reason,
+    RETURNING a.id, a.conversation_id, a.status, a.error, a.worker_id, l.cause AS reason,
               l.was = 'waiting' AS parked
 ), ev AS (
     INSERT INTO {schema}.run_event (run_id, seq, type, payload)
@@ -682,21 +680,28 @@ FROM fin
 -- write, so this snapshot sees both or neither).
 WITH src AS (
     SELECT id, conversation_id, user_id, tenant_id, user_message_id, request, priority,
-           lineage_id, attempt,
+           lineage_id, attempt, deadline_at,
            pg_advisory_xact_lock(hashtextextended(%(conversation_lock_prefix)s::text || conversation_id, 0))
     FROM {schema}.agent_run
     WHERE id = %(run_id)s AND status IN ('failed', 'cancelled', 'expired') AND NOT journal_trimmed
+      -- A kept deadline that has passed would only end the retry at once: not retried
+      -- (retry_source says why; the caller may set a new deadline or clear it).
+      AND NOT (%(keep_deadline)s AND coalesce(deadline_at <= now(), false))
     -- (Shared, against trim's FOR UPDATE: a trim committing meanwhile cannot delete the
     -- lineage's steps from under this retry, and one that came first is seen.)
     FOR SHARE
 ), run AS (
-    -- The retry keeps the priority; it is due at once and has no deadline. It is the
-    -- next attempt of the same turn, in the same lineage (its steps replay).
+    -- The retry keeps the priority; it is due at once. It is the next attempt of the same
+    -- turn, in the same lineage (its steps replay), and keeps the turn's deadline unless
+    -- the caller set another (an absolute time, or seconds from now) or none.
     INSERT INTO {schema}.agent_run
         (conversation_id, user_id, tenant_id, user_message_id, request, retry_of, priority,
-         lineage_id, attempt)
+         lineage_id, attempt, deadline_at)
     SELECT conversation_id, user_id, tenant_id, user_message_id, request, id, priority,
-           coalesce(lineage_id, id), attempt + 1
+           coalesce(lineage_id, id), attempt + 1,
+           CASE WHEN %(keep_deadline)s THEN deadline_at
+                ELSE coalesce(%(deadline_at)s::timestamptz,
+                              now() + make_interval(secs => %(deadline_in)s::float8)) END
     FROM src
     ON CONFLICT (retry_of) WHERE retry_of IS NOT NULL DO NOTHING
     RETURNING id, status, conversation_id, user_message_id, created_at
@@ -718,8 +723,10 @@ SELECT id, status, conversation_id, user_message_id, created_at
 FROM {schema}.agent_run WHERE retry_of = %(run_id)s
 
 -- name: retry_source
--- Why a run was not retried: its status, and whether trim deleted its request.
-SELECT status, journal_trimmed FROM {schema}.agent_run WHERE id = %(run_id)s
+-- Why a run was not retried: its status, whether trim deleted its request, and its
+-- deadline and whether that has passed (by the database's clock, as retry's check).
+SELECT status, journal_trimmed, deadline_at, coalesce(deadline_at <= now(), false)
+FROM {schema}.agent_run WHERE id = %(run_id)s
 
 -- name: get_run
 SELECT id, conversation_id, user_id, tenant_id, status, request, idempotency_key, retry_of,

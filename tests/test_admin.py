@@ -7,22 +7,29 @@ from __future__ import annotations
 import json
 import uuid
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, get_args
 
 import anyio
 import psycopg
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 from psycopg import sql
 
 import runrow
+from runrow._engine.executor import DEADLINE_ERROR
 from runrow._engine.reaper import reap_expired
 from runrow._gateway import statement_text
+from runrow._models import RunStatus
 from runrow.admin import AdminAccess
 
+from . import manual
 from .admin_support import admin_client, csrf_of, listed
 from .bulk import seed
 
 pytestmark = pytest.mark.anyio
+
+_STATUSES: tuple[str, ...] = get_args(RunStatus)
 
 
 async def _enqueue(dsn: str, schema: str, n: int, **kw: Any) -> list[uuid.UUID]:
@@ -228,6 +235,42 @@ async def test_the_detail_page_shows_the_reapers_hand_and_uncertain_calls(dsn: s
         assert "charge_card" in page and "call-9" in page and "w-dead" in page
         health = (await client.get("/admin/health")).text
         assert "<dd id='reaped'>1</dd>" in health and "<svg" in health and "Queue depth" in health
+
+
+async def test_the_admin_retry_keeps_the_deadline_and_refuses_a_passed_one(dsn: str, schema: str) -> None:
+    (rid,) = await _enqueue(dsn, schema, 1, deadline=timedelta(seconds=-1))
+    await runrow.cancel_run(dsn, rid, schema=schema)
+    async with admin_client(dsn, schema) as client:
+        confirm = (await client.get(f"/admin/runs/{rid}/retry")).text
+        assert "keeping the turn&#x27;s deadline" in confirm or "keeping the turn's deadline" in confirm
+        late = await client.post(f"/admin/runs/{rid}/retry", data={"csrf": csrf_of(confirm)})
+        assert late.status_code == 409 and "deadline" in late.text
+    assert (
+        len(
+            await runrow.list_runs(
+                dsn,
+                conversation_id=(await runrow.get_run(dsn, rid, schema=schema)).conversation_id,
+                schema=schema,
+            )
+        )
+        == 1
+    )
+
+
+async def test_a_run_its_worker_ended_at_its_deadline_is_not_shown_as_reaped(dsn: str, schema: str) -> None:
+    """The worker's own deadline ending has the reaper's error type (deadline_exceeded):
+    the page and the health counter must tell them apart by the terminal event."""
+    (rid,) = await _enqueue(dsn, schema, 1, deadline=timedelta(seconds=1))
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c:
+        (claimed,) = await manual.claim(c, schema, worker_id="w-alive")
+        assert await manual.finalize(
+            c, schema, rid, claimed["claim_token"], "failed", claimed["last_seq"] + 1, error=DEADLINE_ERROR
+        )
+    async with admin_client(dsn, schema) as client:
+        page = (await client.get(f"/admin/runs/{rid}")).text
+        assert "deadline_exceeded" in page and "the reaper ended it" not in page
+        health = (await client.get("/admin/health")).text
+        assert "<dd id='reaped'>0</dd>" in health
 
 
 # Each filter, with a rare value, and the index that must serve it (the plan's order
@@ -449,3 +492,56 @@ async def test_a_scope_never_sees_a_whole_conversation_it_has_not_read_whole(
         assert (await client.get("/admin/conversation/stop?id=conv-long")).status_code == 404
     with pytest.raises(ValueError, match="non-empty"):
         AdminAccess(tenant_id="")
+
+
+# Every query parameter the admin reads, where, and what an arbitrary value may get:
+# "id" a host id (400 unless storable: non-empty after the list's strip, no NUL, at most
+# 256 characters), "status" one of the statuses, "parsed" a time, cursor or seq (or 400).
+# Nothing gets a 500.
+_QUERY_PARAMS: list[tuple[str, str, str]] = [
+    ("/admin/", "tenant", "filter"),
+    ("/admin/", "conversation", "filter"),
+    ("/admin/", "user", "filter"),
+    ("/admin/", "worker", "filter"),
+    ("/admin/", "status", "status"),
+    ("/admin/", "from", "parsed"),
+    ("/admin/", "to", "parsed"),
+    ("/admin/", "before", "parsed"),
+    ("/admin/conversation", "id", "conversation"),
+    ("/admin/conversation/stop", "id", "conversation"),
+    ("/admin/runs/{run}/events", "from", "parsed"),
+]
+
+
+def _storable_id(value: str) -> bool:
+    return bool(value) and "\x00" not in value and len(value) <= 256
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(where=st.sampled_from(_QUERY_PARAMS), value=st.text(max_size=300) | st.text("a\x00 ", max_size=4))
+@example(where=("/admin/", "conversation", "filter"), value="c\x00")
+@example(where=("/admin/", "user", "filter"), value="\x00")
+@example(where=("/admin/", "worker", "filter"), value="w\x00w")
+@example(where=("/admin/", "tenant", "filter"), value="\x00t")
+@example(where=("/admin/conversation", "id", "conversation"), value="c\x00")
+@example(where=("/admin/conversation/stop", "id", "conversation"), value="c\x00")
+@example(where=("/admin/", "conversation", "filter"), value="c" * 256)
+async def test_every_malformed_query_parameter_gets_400_never_500(
+    dsn: str, schema: str, where: tuple[str, str, str], value: str
+) -> None:
+    path, name, kind = where
+    if "{run}" in path:
+        (rid,) = await _enqueue(dsn, schema, 1)
+        await runrow.cancel_run(dsn, rid, schema=schema)  # ended: its stream ends too
+        path = path.format(run=rid)
+    async with admin_client(dsn, schema) as client:
+        got = (await client.get(path, params={name: value})).status_code
+    if kind == "filter":
+        stripped = value.strip()
+        assert got == (200 if not stripped or _storable_id(stripped) else 400), (name, value, got)
+    elif kind == "status":
+        assert got == (200 if value.strip() in ("", *_STATUSES) else 400), (value, got)
+    elif kind == "conversation":  # no conversation exists: a well-formed id names none
+        assert got == (404 if _storable_id(value) else 400), (path, value, got)
+    else:  # (204: a cursor at or past an ended run's last event, nothing left to send)
+        assert got in (200, 204, 400), (path, name, value, got)

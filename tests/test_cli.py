@@ -16,7 +16,9 @@ import subprocess
 import sys
 import time
 import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -183,6 +185,30 @@ async def test_a_refused_retry_names_the_run_once(dsn: str, schema: str) -> None
     assert out.stderr == (
         f"runrow: run_id: {run.id} is queued; only failed, cancelled or expired runs can be retried\n"
     )
+
+
+async def test_a_retry_keeps_the_deadline_and_past_it_says_how_to_set_or_clear_it(
+    dsn: str, schema: str
+) -> None:
+    run = await runrow.enqueue(
+        dsn, schema=schema, conversation_id="c", user_id="u", content="hi", deadline=timedelta(seconds=-1)
+    )
+    await runrow.cancel_run(dsn, run.id, schema=schema)
+
+    def retry(*flags: str) -> Any:
+        return cli("runs", "retry", str(run.id), *flags, "--database-url", dsn, "--schema", schema)
+
+    out = await anyio.to_thread.run_sync(retry)
+    assert out.returncode == 2 and len(out.stderr.splitlines()) == 1, out
+    assert "--deadline-seconds" in out.stderr and "--no-deadline" in out.stderr
+    assert (await anyio.to_thread.run_sync(lambda: retry("--deadline-seconds", "nan"))).returncode == 2
+    out = await anyio.to_thread.run_sync(lambda: retry("--deadline-seconds", "600"))
+    assert out.returncode == 0 and out.stdout.startswith("created run"), out
+    new = uuid.UUID(out.stdout.split()[2])
+    deadline = (await runrow.get_run(dsn, new, schema=schema)).deadline_at
+    assert deadline is not None and deadline > datetime.now(UTC) + timedelta(seconds=500)
+    help_text = (await anyio.to_thread.run_sync(lambda: cli("runs", "retry", "--help"))).stdout
+    assert "keeps the turn's deadline" in " ".join(help_text.split())
 
 
 # -- an unreachable database ---------------------------------------------------------

@@ -9,9 +9,7 @@ import psycopg
 import pytest
 
 import runrow
-from runrow._engine.reaper import reap_expired
 
-from . import manual
 from .helpers import assert_journal_sound, run_row, status_of, wait_for
 
 pytestmark = pytest.mark.anyio
@@ -76,21 +74,6 @@ async def test_a_run_claimed_after_its_deadline_never_calls_the_agent(
     assert called == ["fine"]
     assert (await run_row(conn, schema, late.id))["error"]["type"] == "deadline_exceeded"
     assert await status_of(conn, schema, fine.id) == "completed"
-
-
-async def test_a_lost_worker_past_the_deadline_reads_as_both(
-    dsn: str, schema: str, conn: psycopg.AsyncConnection
-) -> None:
-    run = await runrow.enqueue(
-        dsn, schema=schema, conversation_id="c", user_id="u", content="x", deadline=timedelta(seconds=10)
-    )
-    await manual.claim(conn, schema, lease=1, worker_id="dead-worker")
-    row = await run_row(conn, schema, run.id)
-    await reap_expired(conn, schema=schema, grace=5, now=row["deadline_at"] + timedelta(seconds=6))
-    row = await run_row(conn, schema, run.id)
-    assert row["error"]["type"] == "deadline_exceeded"
-    evs = await assert_journal_sound(conn, schema, run.id)
-    assert evs[-1][2]["reason"] == "worker_lost"  # the worker was gone too
 
 
 async def test_a_run_that_finishes_in_time_completes(

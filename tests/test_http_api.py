@@ -197,6 +197,26 @@ async def test_retry_answers_202_for_an_ended_run_and_409_for_an_active_one(dsn:
         assert str(retry.retry_of) == run_id and retry.status == "queued"
 
 
+async def test_a_retry_past_the_turns_deadline_is_refused_and_writes_nothing(dsn: str, schema: str) -> None:
+    api, pool = _api(dsn, schema)
+    async with (
+        pool,
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=api), base_url="http://api") as client,
+    ):
+        run = await runrow.enqueue(
+            pool,
+            schema=schema,
+            conversation_id="d",
+            user_id="alice",
+            content="x",
+            deadline=timedelta(seconds=-1),
+        )
+        await runrow.cancel_run(pool, run.id, schema=schema)
+        late = await client.post(f"/v1/runs/{run.id}/retry", headers=_as("alice"))
+        assert late.status_code == 409 and late.json()["error"]["code"] == "deadline_passed", late.text
+        assert len(await runrow.list_runs(pool, conversation_id="d", schema=schema)) == 1
+
+
 async def test_create_api_refuses_bad_arguments(dsn: str) -> None:
     pool: AsyncConnectionPool[Any] = AsyncConnectionPool(dsn, open=False)
     with pytest.raises(runrow.InvalidInput):

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import inspect
+import re
+from pathlib import Path
+from typing import Any
 
 import runrow
 
@@ -10,6 +13,7 @@ EXPECTED = {
     "Agent",
     "ConfigurationError",
     "ConversationBusy",
+    "DeadlinePassed",
     "Dispatcher",
     "Draft",
     "DrainReport",
@@ -76,6 +80,7 @@ def test_errors_share_one_base() -> None:
     for name in (
         "ConfigurationError",
         "ConversationBusy",
+        "DeadlinePassed",
         "IdempotencyConflict",
         "InvalidInput",
         "LeaseLost",
@@ -109,3 +114,44 @@ def test_the_sync_module_is_the_expected_api() -> None:
     assert (sync.__doc__ or "").strip()
     for name in sync.__all__:
         assert (getattr(sync, name).__doc__ or "").strip(), f"sync.{name} has no docstring"
+
+
+# `name(..., keyword=...)` as messages, docstrings and docs write a call's keyword.
+_KEYWORD_CALL = re.compile(r"\b(?:run\.|runrow\.)?([A-Za-z_]+)\(\.\.\., *([a-z_]+)=")
+
+
+def _runrow_callable(name: str) -> Any:
+    """The runrow function or RunContext method ``name`` (None: not runrow's, e.g. an SDK's)."""
+    import runrow.admin
+    import runrow.http
+
+    for home in (runrow, runrow.RunContext, runrow.sync, runrow.admin, runrow.http):
+        found = getattr(home, name, None)
+        if callable(found):
+            return found
+    return None
+
+
+def test_every_call_a_message_or_doc_advises_takes_that_keyword() -> None:
+    """A keyword an error message or a doc tells the reader to pass is a parameter of the
+    call it names, not something its ``**kwargs`` would hand on (StepUncertain once advised
+    ``step(..., idempotent=True)``: the keyword went to the step's own function)."""
+    root = Path(__file__).resolve().parents[1]
+    files = [*root.glob("docs/**/*.md"), root / "README.md", *(root / "src" / "runrow").rglob("*.py")]
+    checked = 0
+    for path in files:
+        for name, keyword in _KEYWORD_CALL.findall(path.read_text()):
+            fn = _runrow_callable(name)
+            if fn is None:
+                continue
+            params = inspect.signature(fn).parameters
+            assert keyword in params, f"{path.relative_to(root)}: {name}(..., {keyword}=) is not a parameter"
+            assert params[keyword].kind is not inspect.Parameter.VAR_KEYWORD
+            checked += 1
+    assert checked >= 3  # (the pattern still finds what it is for)
+
+
+def test_step_uncertain_advises_the_idempotent_step_that_exists() -> None:
+    message = str(runrow.StepUncertain("r", "charge", 0))
+    assert "run.idempotent_step" in message and "idempotent=True" not in message
+    assert callable(runrow.RunContext.idempotent_step)

@@ -169,6 +169,38 @@ async def test_the_reaper_fails_a_run_past_its_deadline_even_with_a_live_lease(
     assert not await manual.append(conn, schema, run.id, claimed["claim_token"], [(3, "x", {})])
 
 
+@pytest.mark.parametrize(
+    ("lease", "first"),
+    [(1, "worker_lost"), (20, "deadline_exceeded")],
+    ids=["lease-lapsed-first", "deadline-first"],
+)
+async def test_a_lost_run_past_its_deadline_records_one_cause_the_first_to_pass(
+    dsn: str,
+    schema: str,
+    conn: psycopg.AsyncConnection,
+    caplog: pytest.LogCaptureFixture,
+    lease: float,
+    first: str,
+) -> None:
+    """A run whose lease lapsed and whose deadline passed, reaped late (after a deploy's
+    downtime, say): the row's error, the terminal event's reason and the log line name one
+    cause, whichever passed first, which is what a prompt reaper would have recorded."""
+    run = await runrow.enqueue(
+        dsn, schema=schema, conversation_id="c", user_id="u", content="x", deadline=timedelta(seconds=10)
+    )
+    await manual.claim(conn, schema, lease=lease, worker_id="dead-worker")
+    row = await run_row(conn, schema, run.id)
+    late = max(row["deadline_at"], row["claim_expires_at"]) + timedelta(seconds=6)
+    with caplog.at_level("WARNING", logger="runrow.dispatcher"):
+        assert await reap_expired(conn, schema=schema, grace=5, now=late) == [run.id]
+    row = await run_row(conn, schema, run.id)
+    assert row["status"] == "failed" and row["error"]["type"] == first
+    end = (await assert_journal_sound(conn, schema, run.id))[-1][2]
+    assert end["reason"] == first and end["error"] == row["error"]
+    (line,) = [r.getMessage() for r in caplog.records if "reaped run" in r.getMessage()]
+    assert ("past its deadline" in line) == (first == "deadline_exceeded"), line
+
+
 async def test_a_reaped_deadline_ending_is_not_read_back_as_the_worker_s_own(
     dsn: str, schema: str, conn: psycopg.AsyncConnection
 ) -> None:

@@ -332,6 +332,61 @@ async def test_a_deadline_is_not_retried(dsn: str, schema: str, conn: psycopg.As
     assert [(r["status"], r["error"]["type"]) for r in runs] == [("failed", "deadline_exceeded")]
 
 
+# -- retry_run: a person's retry is the same turn, with the same deadline ----------------
+
+
+async def _ended(dsn: str, schema: str, conversation: str, deadline: timedelta) -> runrow.RunInfo:
+    """A cancelled turn (retryable) whose deadline is ``deadline`` from now."""
+    run = await runrow.enqueue(
+        dsn, schema=schema, conversation_id=conversation, user_id="u", content="hi", deadline=deadline
+    )
+    await runrow.cancel_run(dsn, run.id, schema=schema)
+    return await runrow.get_run(dsn, run.id, schema=schema)
+
+
+async def test_retry_run_keeps_the_turns_deadline_or_sets_or_clears_it_when_told(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    kept = await _ended(dsn, schema, "kept", timedelta(hours=1))
+    retry = await runrow.retry_run(dsn, kept.id, schema=schema)
+    assert kept.deadline_at is not None
+    assert (await runrow.get_run(dsn, retry.id, schema=schema)).deadline_at == kept.deadline_at
+
+    none = await runrow.enqueue(dsn, schema=schema, conversation_id="none", user_id="u", content="hi")
+    await runrow.cancel_run(dsn, none.id, schema=schema)
+    retry = await runrow.retry_run(dsn, none.id, schema=schema)  # no deadline to keep
+    assert retry.created and (await runrow.get_run(dsn, retry.id, schema=schema)).deadline_at is None
+
+    cleared = await _ended(dsn, schema, "cleared", timedelta(hours=1))
+    retry = await runrow.retry_run(dsn, cleared.id, deadline=None, schema=schema)
+    assert (await runrow.get_run(dsn, retry.id, schema=schema)).deadline_at is None
+
+    moved = await _ended(dsn, schema, "moved", timedelta(hours=1))
+    before = await manual.db_now(conn)
+    retry = await runrow.retry_run(dsn, moved.id, deadline=timedelta(hours=3), schema=schema)
+    new = (await runrow.get_run(dsn, retry.id, schema=schema)).deadline_at
+    assert new is not None and timedelta(hours=3) <= new - before < timedelta(hours=3, minutes=1)
+
+
+async def test_retry_run_refuses_a_kept_deadline_that_has_passed_and_names_the_override(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    late = await _ended(dsn, schema, "late", timedelta(seconds=-1))
+    written = await rows(conn, sql.SQL("SELECT count(*) FROM {}").format(table(schema, "agent_run")))
+    with pytest.raises(runrow.DeadlinePassed) as refused:
+        await runrow.retry_run(dsn, late.id, schema=schema)
+    assert isinstance(refused.value, runrow.InvalidInput)
+    assert refused.value.run_id == late.id and refused.value.deadline_at == late.deadline_at
+    assert "deadline=" in str(refused.value) and "deadline=None" in str(refused.value)
+    assert await rows(conn, sql.SQL("SELECT count(*) FROM {}").format(table(schema, "agent_run"))) == written
+    # Told what to do instead, it retries.
+    retry = await runrow.retry_run(dsn, late.id, deadline=timedelta(minutes=5), schema=schema)
+    assert retry.created and retry.status == "queued"
+    # A repeat returns that retry, whatever its deadline argument says.
+    again = await runrow.retry_run(dsn, late.id, schema=schema)
+    assert (again.id, again.created) == (retry.id, False)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "problem"),
     [

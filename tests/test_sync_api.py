@@ -8,7 +8,7 @@ import functools
 import inspect
 import uuid
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import anyio
@@ -157,6 +157,20 @@ async def retry_run_of_a_trimmed_run(dsn: str, schema: str, conn: psycopg.AsyncC
     now = await manual.db_now(conn)
     assert (await runrow.trim(dsn, schema=schema, now=now + timedelta(hours=25))).runs == 1
     return "retry_run", (dsn, str(run.id)), {"schema": schema}
+
+
+@case("DeadlinePassed")
+async def retry_run_keeping_a_deadline_that_has_passed(dsn: str, schema: str, conn: Any) -> Any:
+    run = await runrow.enqueue(dsn, schema=schema, **turn(deadline=timedelta(seconds=-1)))
+    await runrow.cancel_run(dsn, run.id, schema=schema)
+    return "retry_run", (dsn, run.id), {"schema": schema}
+
+
+@case("InvalidInput")
+async def retry_run_with_a_naive_deadline(dsn: str, schema: str, conn: Any) -> Any:
+    run = await runrow.enqueue(dsn, schema=schema, **turn())
+    await runrow.cancel_run(dsn, run.id, schema=schema)
+    return "retry_run", (dsn, run.id), {"schema": schema, "deadline": datetime(2030, 1, 1)}
 
 
 @case("ConversationBusy")

@@ -6,10 +6,11 @@ import contextlib
 
 from ._engine.context import Agent, RunContext
 from ._engine.dispatcher import Dispatcher, DrainReport
-from ._enqueue import enqueue, retry_run
+from ._enqueue import enqueue
 from ._errors import (
     ConfigurationError,
     ConversationBusy,
+    DeadlinePassed,
     IdempotencyConflict,
     InvalidInput,
     LeaseLost,
@@ -32,6 +33,7 @@ from ._observe import Observer
 from ._queries import QueueStats, get_run, list_runs, queue_stats, transcript
 from ._retention import TrimResult, trim
 from ._retry import RetryPolicy
+from ._retry_run import retry_run
 from ._stop import cancel_run, stop_conversation
 from ._tail import tail
 from ._tenants import queue_position, set_tenant_policy, tenant_policies
@@ -40,6 +42,7 @@ __all__ = [
     "Agent",
     "ConfigurationError",
     "ConversationBusy",
+    "DeadlinePassed",
     "Dispatcher",
     "Draft",
     "DrainReport",

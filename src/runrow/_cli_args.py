@@ -49,6 +49,14 @@ def _group(parser: argparse.ArgumentParser, dest: str) -> argparse._SubParsersAc
     return parser.add_subparsers(dest=dest, metavar="COMMAND", parser_class=argparse.ArgumentParser)
 
 
+def _seconds_ahead(text: str) -> float:
+    """A deadline's seconds from now: above 0, at most 1,000 years (what enqueue takes)."""
+    value = float(text)
+    if not 0 < value <= 1000 * 365 * 86400:  # (NaN fails it too)
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--database-url", help="PostgreSQL URL (default: $DATABASE_URL)")
@@ -116,7 +124,21 @@ def build_parser() -> argparse.ArgumentParser:
         ("retry", "a new run for a failed, cancelled or expired run's message"),
         ("position", "a queued run's place in the fair queue and its estimated wait"),
     ):
-        rsub.add_parser(name, parents=[common], help=helptext).add_argument("run_id", help=run_id_help)
+        rp = rsub.add_parser(name, parents=[common], help=helptext)
+        rp.add_argument("run_id", help=run_id_help)
+        if name == "retry":
+            rp.description = (
+                "A new run for the same message: the same turn, so it keeps the turn's deadline "
+                "(refused if that has passed: set a new one or none)."
+            )
+            when = rp.add_mutually_exclusive_group()
+            when.add_argument(
+                "--deadline-seconds",
+                type=_seconds_ahead,
+                metavar="N",
+                help="give the retry a new deadline, N seconds from now (default: keep the turn's)",
+            )
+            when.add_argument("--no-deadline", action="store_true", help="give the retry no deadline")
     rw = rsub.add_parser("waiting", parents=[common], help="the inputs waiting runs wait for, newest first")
     rw.add_argument("--conversation", help="only this conversation's (default: all)")
     rw.add_argument("--limit", type=int, default=50, help="at most this many (default: %(default)s)")

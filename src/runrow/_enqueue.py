@@ -13,9 +13,7 @@ from ._errors import (
     IdempotencyConflict,
     InvalidInput,
     Overloaded,
-    RunNotFound,
     RunrowError,
-    RunTrimmed,
 )
 from ._gateway import reads, submit
 from ._models import Run, StopResult
@@ -24,12 +22,10 @@ from ._ops import in_transaction, self_contained
 from ._stop import stop_locked
 
 if TYPE_CHECKING:
-    import uuid
-
     from ._gateway._exec import Plan
     from ._ops import Operation
 
-__all__ = ["DEFAULT_MAX_CONTENT_BYTES", "OnBusy", "enqueue", "enqueue_op", "retry_run", "retry_run_op"]
+__all__ = ["DEFAULT_MAX_CONTENT_BYTES", "OnBusy", "enqueue", "enqueue_op"]
 
 DEFAULT_MAX_CONTENT_BYTES = 256 * 1024
 """Default size limit of a message's content, as serialised JSON."""
@@ -337,59 +333,3 @@ def _seconds(hint: float | None) -> int:
     if hint is None:
         return 30
     return max(1, min(3600, math.ceil(hint)))
-
-
-async def retry_run(db: Database, run_id: uuid.UUID | str, *, schema: str = DEFAULT_SCHEMA) -> Run:
-    """Creates a new run for the same user message as a failed, cancelled or expired run.
-
-    runrow never re-runs anything by itself (at-most-once); this is the button a person
-    presses. A run is retried at most once: repeating the call returns the same retry
-    (``created=False``). The retry queues behind the conversation's queued turns (like
-    an enqueue, in commit order), but its answer joins the turn it retries in the
-    transcript, and its agent reads the conversation up to that turn. Raises
-    :class:`RunNotFound`, :class:`InvalidInput` when the run is not failed,
-    cancelled or expired, or :class:`RunTrimmed` (an ``InvalidInput``) when :func:`~runrow.trim`
-    has deleted its request snapshot: a retry never runs without it.
-    """
-    return await perform(db, schema, retry_run_op(run_id, schema=schema))
-
-
-def retry_run_op(run_id: uuid.UUID | str, *, schema: str) -> Operation[Run]:
-    """:func:`retry_run` as an operation (see ``_ops.py``)."""
-    check_schema(schema)
-    rid = _json.parse_run_id(run_id)
-    retried: tuple[submit.RunRef | None, submit.RunRef | None, submit.RetrySource | None]
-    retried = yield in_transaction(_retry(schema, rid))
-    new, found, original = retried
-    if new is not None:
-        return Run(*new, created=True)
-    if found is not None:
-        return Run(*found, created=False)
-    if original is None:
-        raise RunNotFound(rid)
-    status, trimmed = original
-    if status not in ("failed", "cancelled", "expired"):
-        raise InvalidInput(
-            "run_id", f"{rid} is {status}; only failed, cancelled or expired runs can be retried"
-        )
-    if trimmed:
-        raise RunTrimmed(rid)
-    raise RunrowError(f"run {rid} was not retried")  # pragma: no cover - retry matched it
-
-
-def _retry(
-    schema: str, rid: uuid.UUID
-) -> Plan[tuple[submit.RunRef | None, submit.RunRef | None, submit.RetrySource | None]]:
-    """The retry, else the run's earlier retry, else why it was not retried."""
-    new = yield from submit.retry(
-        schema,
-        run_id=rid,
-        wake_channel=Channels.for_schema(schema).wake,
-        conversation_lock_prefix=_conversation_lock(schema, ""),
-    )
-    if new is not None:
-        return new, None, None
-    found = yield from submit.find_retry(schema, run_id=rid)
-    if found is not None:
-        return None, found, None
-    return None, None, (yield from submit.retry_source(schema, run_id=rid))

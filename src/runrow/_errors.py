@@ -89,6 +89,24 @@ class RunTrimmed(InvalidInput):
         self.run_id = run_id
 
 
+class DeadlinePassed(InvalidInput):
+    """:func:`runrow.retry_run` refused to keep a deadline that has already passed: the
+    retry would end ``failed`` (``deadline_exceeded``) without its agent being called.
+    Nothing was written. Retry with ``deadline=`` a new deadline (a ``timedelta`` from
+    now, or a ``datetime``), or ``deadline=None`` for none.
+    """
+
+    def __init__(self, run_id: object, deadline_at: object) -> None:
+        super().__init__(
+            "deadline",
+            f"run {run_id!s}'s deadline passed at {deadline_at!s}, so a retry that keeps it "
+            "would end at once; pass a new one (retry_run(..., deadline=timedelta(...)), "
+            "`runrow runs retry --deadline-seconds N`) or none (deadline=None, --no-deadline)",
+        )
+        self.run_id = run_id
+        self.deadline_at = deadline_at
+
+
 class LeaseLost(RunrowError):
     """This worker no longer holds the run's claim: it was reaped, stopped or superseded.
 
@@ -154,16 +172,17 @@ class IdempotencyConflict(RunrowError):
 class StepUncertain(RunrowError):
     """A retry reached a step an earlier attempt began and never recorded: its worker
     died (or its claim was lost) while the step ran, so its side effect may or may not
-    have happened. The step is not declared idempotent, so it is not run again, and the
-    turn fails naming it. ``key`` and ``occurrence`` name the step (the n-th call with
-    that key in the turn, from 0).
+    have happened. It was a ``run.step`` (not a ``run.idempotent_step``), so it is not
+    run again, and the turn fails naming it. ``key`` and ``occurrence`` name the step
+    (the n-th call with that key in the turn, from 0).
     """
 
     def __init__(self, run_id: object, key: str, occurrence: int) -> None:
         super().__init__(
             f"step {key!r} (call {occurrence}) of run {run_id!s} was begun by an earlier attempt "
-            "and never recorded, so it may have run; it is not declared idempotent "
-            "(step(..., idempotent=True)), so the turn fails rather than run it twice"
+            "and never recorded, so it may have run; it is not idempotent (a call safe to "
+            "repeat goes through run.idempotent_step instead of run.step), so the turn fails "
+            "rather than run it twice"
         )
         self.run_id = run_id
         self.key = key

@@ -27,8 +27,9 @@ letter, then ASCII letters, digits, ``_``, ``.``, ``:`` or ``-``, at most 64 cha
   terminal event, always last. Only runrow writes it (the worker's finalize, the reaper
   or a stop). ``reason``: ``stopped`` (a stop or interrupt ended it while running),
   ``stopped_before_start`` (cancelled while queued), ``deadline_exceeded`` (its worker
-  ended it at its deadline, or the reaper did, its worker alive or not), ``worker_lost``
-  (the reaper ended it after its lease lapsed), ``input_expired`` (it waited for input
+  ended it at its deadline, or the reaper did: its deadline passed while its lease still
+  held), ``worker_lost`` (the reaper ended it after its lease lapsed; a run both lost and
+  past its deadline gets whichever passed first), ``input_expired`` (it waited for input
   past the wait's timeout: status ``expired``). A reaper-written event always carries
   ``uncertain_tool_calls``: ``[{"tool_call_id", "name"}, ...]`` in start order, the tool
   calls whose side effects may or may not have happened (``[]`` when none, and always

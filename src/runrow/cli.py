@@ -167,8 +167,8 @@ def _run_line(r: Any) -> str:
 
 
 async def cmd_runs(args: argparse.Namespace) -> int:
-    from ._enqueue import retry_run
     from ._queries import get_run, list_runs
+    from ._retry_run import KEEP, RetryDeadline, retry_run
     from ._stop import cancel_run
     from ._tail import tail
 
@@ -224,7 +224,12 @@ async def cmd_runs(args: argparse.Namespace) -> int:
             )
         _out(args, pos, text)
     elif args.runs_command == "retry":
-        retried = await retry_run(url, args.run_id, schema=args.schema)
+        deadline: RetryDeadline = KEEP
+        if args.no_deadline:
+            deadline = None
+        elif args.deadline_seconds is not None:
+            deadline = timedelta(seconds=args.deadline_seconds)
+        retried = await retry_run(url, args.run_id, deadline=deadline, schema=args.schema)
         _out(
             args,
             retried,

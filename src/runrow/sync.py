@@ -23,7 +23,7 @@ import psycopg
 from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
-from . import _enqueue, _inputs, _queries, _stop, _syncdb, _tenants
+from . import _enqueue, _inputs, _queries, _retry_run, _stop, _syncdb, _tenants
 from ._db import describe
 from ._enqueue import DEFAULT_MAX_CONTENT_BYTES, OnBusy
 from ._events import KEEPALIVE, TERMINAL_EVENT, Event
@@ -100,9 +100,16 @@ def enqueue(
     )
 
 
-def retry_run(db: SyncDatabase, run_id: uuid.UUID | str, *, schema: str = DEFAULT_SCHEMA) -> Run:
-    """:func:`runrow.retry_run` on a synchronous connection, pool or conninfo."""
-    return _syncdb.perform(db, schema, _enqueue.retry_run_op(run_id, schema=schema))
+def retry_run(
+    db: SyncDatabase,
+    run_id: uuid.UUID | str,
+    *,
+    deadline: _retry_run.RetryDeadline = _retry_run.KEEP,
+    schema: str = DEFAULT_SCHEMA,
+) -> Run:
+    """:func:`runrow.retry_run` on a synchronous connection, pool or conninfo: the retry
+    keeps the turn's deadline unless ``deadline`` sets a new one or ``None`` clears it."""
+    return _syncdb.perform(db, schema, _retry_run.retry_run_op(run_id, deadline=deadline, schema=schema))
 
 
 def cancel_run(db: SyncDatabase, run_id: uuid.UUID | str, *, schema: str = DEFAULT_SCHEMA) -> StopResult:

@@ -2,7 +2,10 @@
 
 Every dispatcher runs one (and a pass at start). A run whose lease lapsed more than
 ``grace`` seconds ago is ended ``failed`` (``worker_lost``), or ``cancelled`` if a stop
-was pending, with the expiry re-checked inside the write itself. A run waiting for
+was pending, with the expiry re-checked inside the write itself; one whose deadline
+passed more than ``grace`` ago likewise (``deadline_exceeded``). A run both lost and past
+its deadline is ended for whichever passed first (its error, its terminal event's reason
+and the log line agree). A run waiting for
 input past its wait's timeout is ended ``expired`` (``failed`` if that was the turn's
 deadline). Nothing is ever re-run automatically unless a retry policy says so.
 """

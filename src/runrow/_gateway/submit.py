@@ -48,10 +48,13 @@ class IdempotentRun(NamedTuple):
 
 
 class RetrySource(NamedTuple):
-    """Why a run was not retried: its status, and whether trim deleted its request."""
+    """Why a run was not retried: its status, whether trim deleted its request, and its
+    deadline and whether that has passed."""
 
     status: RunStatus
     trimmed: bool
+    deadline_at: datetime | None
+    deadline_passed: bool
 
 
 def admission_lock(schema: str, *, tenant_lock: str | None, conversation_lock: str | None) -> Plan[None]:
@@ -147,15 +150,27 @@ def find_idempotent(
 
 
 def retry(
-    schema: str, *, run_id: uuid.UUID, wake_channel: str, conversation_lock_prefix: str
+    schema: str,
+    *,
+    run_id: uuid.UUID,
+    wake_channel: str,
+    conversation_lock_prefix: str,
+    keep_deadline: bool,
+    deadline_at: datetime | None,
+    deadline_in: float | None,
 ) -> Plan[RunRef | None]:
-    """Queues a retry of a failed, cancelled or expired run; None if it was not retried (now)."""
+    """Queues a retry of a failed, cancelled or expired run; None if it was not retried
+    (now). It keeps the run's deadline (``keep_deadline``; none if that has passed) or
+    takes ``deadline_at``, else ``deadline_in`` seconds from the database's clock, else none."""
     rows = yield Query(
         _sql.statement("retry", schema),
         {
             "run_id": run_id,
             "wake_channel": wake_channel,
             "conversation_lock_prefix": conversation_lock_prefix,
+            "keep_deadline": keep_deadline,
+            "deadline_at": deadline_at,
+            "deadline_in": deadline_in,
         },
     )
     return RunRef(*rows[0][:5]) if rows else None

@@ -16,7 +16,7 @@ from starlette.responses import RedirectResponse, Response
 import runrow
 
 from .._gateway import admin as gw
-from ._app import AdminAccess, AdminState, Refused
+from ._app import AdminAccess, AdminState, Refused, query_id
 from ._html import Html, conversation_url, e, join, link, status, table, ts
 from ._run import visible_run
 
@@ -33,7 +33,8 @@ _RUN_ACTIONS = {
     ),
     "retry": (
         "Retry run",
-        "Retry this run? A new run answers the same message (once, however often you press).",
+        "Retry this run? A new run answers the same message (once, however often you press), "
+        "keeping the turn's deadline.",
     ),
 }
 
@@ -46,8 +47,6 @@ class Actions:
 
     async def _conversation(self, cid: str, access: AdminAccess) -> tuple[list[gw.Attempt], bool]:
         """The conversation's turns the caller may see, and whether it sees all of them; 404 if none."""
-        if not cid or len(cid) > 256:
-            raise Refused(404, "No such conversation.")
         async with self.state.pool.connection() as conn:
             turns = await gw.conversation_runs(
                 conn, self.state.schema, conversation_id=cid, limit=MAX_TURNS + 1
@@ -95,7 +94,7 @@ class Actions:
     async def stop(self, request: Request) -> Response:
         """``GET`` (confirm) and ``POST`` (do) ``/conversation/stop?id=``."""
         access = await self.state.actor(request)
-        cid = request.query_params.get("id", "")
+        cid = _conversation_id(request)
         _, whole = await self._conversation(cid, access)
         if not whole:  # it has another tenant's turns: not this caller's to stop
             raise Refused(404, "No such conversation.")
@@ -110,7 +109,7 @@ class Actions:
     async def conversation(self, request: Request) -> Response:
         """``GET /conversation?id=``: turns in order, and the transcript."""
         access = await self.state.access(request)
-        cid = request.query_params.get("id", "")
+        cid = _conversation_id(request)
         turns, whole = await self._conversation(cid, access)
         base = self.state.base(request)
         parts: list[object] = []
@@ -165,6 +164,14 @@ class Actions:
             parts.append(Html('<p class="empty">Hidden: the conversation has other tenants\' turns.</p>'))
         parts.append(Html("</section>"))
         return self.state.page(request, access, f"Conversation {cid}", join(parts))
+
+
+def _conversation_id(request: Request) -> str:
+    """``?id=``, required: 400 when absent or when no conversation id can be it."""
+    cid = query_id(request, "id")
+    if cid is None:
+        raise Refused(400, "id: the conversation's id is required")
+    return cid
 
 
 def _text(content: object) -> str:

@@ -23,6 +23,8 @@ from urllib.parse import parse_qs, urlsplit
 from starlette.exceptions import HTTPException
 from starlette.responses import HTMLResponse, PlainTextResponse, Response
 
+from .. import _json
+from .._errors import InvalidInput
 from ..http._errors import ApiError
 from ._html import Html, e, layout
 
@@ -34,7 +36,7 @@ if TYPE_CHECKING:
 
     import runrow
 
-__all__ = ["CSRF_COOKIE", "AdminAccess", "AdminState", "Refused"]
+__all__ = ["CSRF_COOKIE", "AdminAccess", "AdminState", "Refused", "query_id"]
 
 CSRF_COOKIE = "runrow_admin_csrf"
 CSRF_FIELD = "csrf"
@@ -61,6 +63,23 @@ class Refused(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
+
+
+def query_id(request: Request, name: str, *, strip: bool = False) -> str | None:
+    """The query parameter ``name`` naming a host id (conversation, user, tenant, worker):
+    None when absent or empty, 400 when no id can be it (a NUL, which the database cannot
+    store, or more than an id's length). Never passed on to a statement unchecked: the
+    database's refusal would be a 500."""
+    raw = request.query_params.get(name, "")
+    if strip:
+        raw = raw.strip()
+    if not raw:
+        return None
+    try:
+        _json.check_id(raw, name)
+    except InvalidInput as exc:
+        raise Refused(400, str(exc)) from None
+    return raw
 
 
 class AdminState:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, get_args
 
 from .._gateway import admin as gw
 from .._models import RunStatus
-from ._app import AdminState, Refused
+from ._app import AdminState, Refused, query_id
 from ._html import Html, conversation_url, e, link, query, status, table, ts
 
 if TYPE_CHECKING:
@@ -50,13 +50,6 @@ def parse_cursor(raw: str | None) -> tuple[datetime, uuid.UUID] | None:
         raise Refused(400, "bad page cursor") from None
 
 
-def _text(request: Request, name: str) -> str | None:
-    raw = request.query_params.get(name, "").strip()
-    if len(raw) > 200:
-        raise Refused(400, f"{name} is too long")
-    return raw or None
-
-
 class ListPage:
     """``GET /``: the runs list."""
 
@@ -65,16 +58,16 @@ class ListPage:
 
     async def get(self, request: Request) -> Response:
         access = await self.state.access(request)
-        st = _text(request, "status")
+        st = request.query_params.get("status", "").strip() or None
         if st is not None and st not in STATUSES:
             raise Refused(400, f"status must be one of: {', '.join(STATUSES)}")
-        tenant = access.tenant_id if access.tenant_id is not None else _text(request, "tenant")
+        tenant = access.tenant_id if access.tenant_id is not None else query_id(request, "tenant", strip=True)
         f = gw.RunFilter(
             status=st,
             tenant_id=tenant,
-            conversation_id=_text(request, "conversation"),
-            user_id=_text(request, "user"),
-            worker_id=_text(request, "worker"),
+            conversation_id=query_id(request, "conversation", strip=True),
+            user_id=query_id(request, "user", strip=True),
+            worker_id=query_id(request, "worker", strip=True),
             created_from=parse_time(request.query_params.get("from"), "from"),
             created_to=parse_time(request.query_params.get("to"), "to"),
         )
@@ -151,7 +144,7 @@ class ListPage:
                 continue
             fields.append(
                 f'<div class="field"><label for="f-{name}">{e(label)}</label>'
-                f'<input id="f-{name}" name="{name}" type="text" maxlength="200" value="{e(q.get(name, ""))}">'
+                f'<input id="f-{name}" name="{name}" type="text" maxlength="256" value="{e(q.get(name, ""))}">'
                 "</div>"
             )
         for name, label in (("from", "Created from (UTC)"), ("to", "Created before (UTC)")):

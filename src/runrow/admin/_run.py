@@ -3,7 +3,7 @@ waiting input) and its event stream."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import runrow
 
@@ -71,7 +71,7 @@ class RunPage:
         waiting = await runrow.waiting_inputs(self.state.pool, run_id=info.id, schema=self.state.schema)
         base = self.state.base(request)
         parts = [self._summary(base, info), self._actions(base, info, access)]
-        parts.append(self._timeline(info))
+        parts.append(self._timeline(info, terminal))
         parts.append(
             Html(
                 '<section aria-labelledby="journal-h"><h2 id="journal-h">Journal</h2>'
@@ -182,7 +182,7 @@ class RunPage:
         return Html('<nav aria-label="Actions" class="actions">' + " ".join(links) + "</nav>")
 
     @staticmethod
-    def _timeline(info: runrow.RunInfo) -> Html:
+    def _timeline(info: runrow.RunInfo, terminal: dict[str, Any] | None) -> Html:
         steps: list[tuple[str, Html, str]] = [("Queued", ts(info.created_at), "")]
         if info.started_at is not None:
             steps.append(("Claimed", ts(info.started_at), f"by worker {info.worker_id or '?'}"))
@@ -193,8 +193,10 @@ class RunPage:
         if info.status == "waiting":
             steps.append(("Waiting for input", ts(info.input_deadline_at), "until"))
         if info.finished_at is not None:
-            kind = (info.error or {}).get("type")
-            note = REAPED.get(str(kind), "") if kind is not None else ""
+            # The reaper's terminal event, and only it, lists uncertain tool calls: a
+            # worker ending its own run at the deadline has the same error type.
+            reaped = terminal is not None and "uncertain_tool_calls" in terminal
+            note = REAPED.get(str((terminal or {}).get("reason")), "") if reaped else ""
             steps.append((f"Ended: {info.status}", ts(info.finished_at), note))
         items = "".join(
             f'<li><span class="what">{e(what)}</span> {when} <span class="note">{e(note)}</span></li>'

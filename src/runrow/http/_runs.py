@@ -144,11 +144,19 @@ class RunRoutes:
     @documented(
         Doc(
             summary="Retry a run that ended without completing: a new run answers the same message",
+            description=(
+                "The retry is the same turn: it keeps the turn's deadline, if the host set one. "
+                "A deadline that has passed is refused (`deadline_passed`): only the host can "
+                "retry that turn, with a new deadline or none (`runrow.retry_run(..., deadline=...)`)."
+            ),
             responses={
                 "202": json_response("Accepted", "The new run (the same one again for a repeat)"),
                 "401": UNAUTHORIZED,
                 "404": RUN_404,
-                "409": error("`not_retryable`: the run is still active or completed, or was trimmed"),
+                "409": error(
+                    "`not_retryable`: the run is still active or completed, or was trimmed; "
+                    "`deadline_passed`: the turn's deadline has passed"
+                ),
             },
         )
     )
@@ -156,6 +164,8 @@ class RunRoutes:
         info = await self.api.own_run(request, await self.api.user(request))
         try:
             run = await runrow.retry_run(self.api.pool, info.id, schema=self.api.schema)
+        except runrow.DeadlinePassed as exc:  # (a deadline is the host's to move, not the user's)
+            raise ApiError(409, "deadline_passed", str(exc)) from None
         except runrow.InvalidInput as exc:  # still active or completed, or its request trimmed
             raise ApiError(409, "not_retryable", str(exc)) from None
         return _turns.accepted(run, self.api.base(request))

@@ -23,6 +23,7 @@ from psycopg.pq import Format
 
 from ... import sync
 from ..._names import DEFAULT_SCHEMA
+from ..._retry_run import KEEP, RetryDeadline
 
 if TYPE_CHECKING:
     import uuid
@@ -142,10 +143,11 @@ def enqueue(*, using: str = "default", **kwargs: Any) -> Run:
         return sync.enqueue(conn, **kwargs)
 
 
-def retry_run(run_id: uuid.UUID | str, *, using: str = "default") -> Run:
-    """:func:`runrow.sync.retry_run` on Django's connection."""
+def retry_run(run_id: uuid.UUID | str, *, deadline: RetryDeadline = KEEP, using: str = "default") -> Run:
+    """:func:`runrow.sync.retry_run` on Django's connection (the retry keeps the turn's
+    deadline unless ``deadline`` sets a new one or ``None`` clears it)."""
     with psycopg_connection(using) as conn:
-        return sync.retry_run(conn, run_id, schema=schema())
+        return sync.retry_run(conn, run_id, deadline=deadline, schema=schema())
 
 
 def cancel_run(run_id: uuid.UUID | str, *, using: str = "default") -> StopResult:
