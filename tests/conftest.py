@@ -31,6 +31,18 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterator
 
 
+# The tiers (tests/README.md): what is marked one of these runs in the full suite only;
+# every other test is the default tier, `-m quick`, a contributor's loop after a change.
+_NOT_QUICK = ("slow", "browser", "node")
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects on the marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if not any(item.get_closest_marker(name) for name in _NOT_QUICK):
+            item.add_marker(pytest.mark.quick)
+
+
 @pytest.fixture(scope="session")
 def anyio_backend() -> str:
     # psycopg's async support is asyncio-only; test modules carry `pytestmark = pytest.mark.anyio`.

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
     from starlette.requests import Request
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.browser]
 
 WORDS = 80  # about 12 s of streaming at 0.15 s a word: long enough to watch, cancel and retry
 

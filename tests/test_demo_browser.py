@@ -32,7 +32,7 @@ from .demo_support import DemoProcess, auth, free_port, serve_demo
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.browser]
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
 CHROMIUM_ARGS = [

@@ -18,7 +18,7 @@ import pytest
 from .demo_support import serve_asgi
 from .test_http_api import _load_example
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.node]
 
 FRONTENDS = Path(__file__).resolve().parents[1] / "examples" / "frontends"
 

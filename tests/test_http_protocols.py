@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
     from starlette.requests import Request
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.node]
 
 WORDS = [
     "the",

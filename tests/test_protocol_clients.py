@@ -22,6 +22,7 @@ from .protocol_support import require_node_clients, run_node_reader, sse_text
 
 RUN_ID = uuid.UUID("0b9f4c1e-5a7d-4e2b-8c3f-1d6e2a9b7c05")
 THREAD = "conv-42"
+pytestmark = pytest.mark.node
 
 
 def journal(*body: tuple[str, dict[str, Any]]) -> list[Event]:
