@@ -6,8 +6,10 @@ It uses only the public API every release has had (``enqueue``, ``Dispatcher``, 
 for both sides of a rolling upgrade. Standalone on purpose: it imports nothing from the
 tests package, whose helpers follow the current API.
 
-    python tests/release_driver.py worker DSN SCHEMA WORKER_ID
-        runs a Dispatcher until SIGTERM; prints "ready", then a drain line
+    python tests/release_driver.py worker DSN SCHEMA WORKER_ID [GATE]
+        runs a Dispatcher until SIGTERM; prints "ready", then a drain line. A turn of a
+        conversation named "held-..." streams its first word, then waits for the file
+        GATE to exist before it goes on (a run held across a migration)
     python tests/release_driver.py enqueue DSN SCHEMA CONVERSATION [CONVERSATION ...]
         one turn per conversation; prints the run ids as a JSON list
     python tests/release_driver.py tail DSN SCHEMA RUN_ID
@@ -21,6 +23,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -28,10 +31,14 @@ import anyio
 import runrow
 
 
-def _agent(worker_id: str) -> Any:
+def _agent(worker_id: str, gate: Path | None) -> Any:
     async def agent(run: runrow.RunContext) -> None:
         for word in ("one ", "two ", "three"):
             await run.text(word)
+            if word == "one " and gate is not None and run.conversation_id.startswith("held-"):
+                await run.flush()
+                while not gate.exists():
+                    await anyio.sleep(0.05)
         await run.emit({"type": "tool_call_started", "tool_call_id": "t1", "name": "noop"})
         await run.emit({"type": "tool_call_finished", "tool_call_id": "t1", "name": "noop"})
         await run.write_message(f"answered by {worker_id}")
@@ -39,10 +46,10 @@ def _agent(worker_id: str) -> Any:
     return agent
 
 
-async def _worker(dsn: str, schema: str, worker_id: str) -> None:
+async def _worker(dsn: str, schema: str, worker_id: str, gate: Path | None) -> None:
     async with runrow.Dispatcher(
         dsn,
-        _agent(worker_id),
+        _agent(worker_id, gate),
         schema=schema,
         worker_id=worker_id,
         concurrency=4,
@@ -91,7 +98,7 @@ async def _transcript(dsn: str, schema: str, conversation: str) -> None:
 def main(argv: list[str]) -> None:
     command, dsn, schema, *rest = argv
     if command == "worker":
-        anyio.run(_worker, dsn, schema, rest[0])
+        anyio.run(_worker, dsn, schema, rest[0], Path(rest[1]) if len(rest) > 1 else None)
     elif command == "enqueue":
         anyio.run(_enqueue, dsn, schema, rest)
     elif command == "tail":

@@ -22,8 +22,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -39,7 +40,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]
 DRIVER = ROOT / "tests" / "release_driver.py"
 # main just before migration 3 (message.turn NOT NULL) was merged.
-BEFORE_MESSAGE_TURN = "e7b97da"
+BEFORE_MESSAGE_TURN = "e7b97da6781980a7f71f175e73f5d022828d997e"
 
 
 def _git(*args: str) -> str:
@@ -66,39 +67,35 @@ def _history_or_skip() -> None:
         pytest.skip("not a git checkout with its history (the previous release is built from it)")
 
 
+REVISIONS = {"before-newest-migration": _before_newest_migration, "before-turn": lambda: BEFORE_MESSAGE_TURN}
+
+
 @pytest.fixture(scope="module")
-def releases(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
-    """Each previous release, built from git as a wheel and unpacked: a PYTHONPATH entry."""
+def releases(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """Builds a previous release from git as a wheel, unpacked: a PYTHONPATH entry (once
+    per release and test process, when a test first asks for it)."""
     _history_or_skip()
     built: dict[str, Path] = {}
-    for name, rev in (
-        ("before-newest-migration", _before_newest_migration()),
-        ("before-turn", BEFORE_MESSAGE_TURN),
-    ):
+
+    def build(name: str) -> Path:
+        if name in built:
+            return built[name]
         base = tmp_path_factory.mktemp(name)
-        commit = _git("rev-parse", "--verify", f"{rev}^{{commit}}")
+        commit = _git("rev-parse", "--verify", f"{REVISIONS[name]()}^{{commit}}")
         archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit], check=True, capture_output=True)
         (base / "src").mkdir()
         subprocess.run(["tar", "-x", "-C", str(base / "src")], input=archive.stdout, check=True)
+        command = [sys.executable, "-m", "build", "--wheel", "--no-isolation"]
         subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "build",
-                "--wheel",
-                "--no-isolation",
-                "--outdir",
-                str(base / "dist"),
-                str(base / "src"),
-            ],
-            check=True,
-            capture_output=True,
+            [*command, "--outdir", str(base / "dist"), str(base / "src")], check=True, capture_output=True
         )
         (wheel,) = (base / "dist").glob("runrow-*.whl")
         with zipfile.ZipFile(wheel) as zf:
             zf.extractall(base / "pkg")
         built[name] = base / "pkg"
-    yield built
+        return built[name]
+
+    return build
 
 
 class Side:
@@ -110,6 +107,8 @@ class Side:
         if package is not None:
             self.env["PYTHONPATH"] = str(package)
         self.procs: list[subprocess.Popen[str]] = []
+        self.logs: dict[int, list[str]] = {}
+        self.readers: list[threading.Thread] = []
 
     def _argv(self, command: str, *args: str) -> list[str]:
         return [sys.executable, str(DRIVER), command, self.dsn, self.schema, *args]
@@ -143,9 +142,9 @@ class Side:
     def tail(self, run_id: str) -> list[dict[str, object]]:
         return [json.loads(line) for line in self.call("tail", run_id).splitlines()]
 
-    async def start_worker(self, worker_id: str) -> subprocess.Popen[str]:
+    async def start_worker(self, worker_id: str, gate: Path) -> subprocess.Popen[str]:
         proc = subprocess.Popen(
-            self._argv("worker", worker_id),
+            self._argv("worker", worker_id, str(gate)),
             env=self.env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -156,19 +155,32 @@ class Side:
         assert proc.stdout is not None
         line = await anyio.to_thread.run_sync(proc.stdout.readline)
         assert line.strip() == "ready", proc.stderr.read() if proc.stderr else line
+        # Its log (stderr), read as it comes: the stop-claiming line is looked for there.
+        lines = self.logs[proc.pid] = []
+        assert proc.stderr is not None
+        reader = threading.Thread(target=lambda err=proc.stderr: lines.extend(err), daemon=True)
+        reader.start()
+        self.readers.append(reader)
         return proc
 
-    def stop(self, proc: subprocess.Popen[str]) -> tuple[str, str]:
+    def stop(self, proc: subprocess.Popen[str]) -> str:
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=60)
-        assert proc.returncode == 0, err
-        return out, err
+        assert proc.stdout is not None
+        out = proc.stdout.read()
+        assert proc.wait(timeout=60) == 0, "".join(self.logs.get(proc.pid, []))
+        return out
 
     def kill_all(self) -> None:
         for p in self.procs:
             if p.poll() is None:
                 p.kill()
-                p.wait()
+            p.wait()
+        for reader in self.readers:  # each ends at its process's end of output
+            reader.join(timeout=10)
+        for p in self.procs:
+            for pipe in (p.stdout, p.stderr):
+                if pipe is not None:
+                    pipe.close()
 
 
 async def _all_completed(conn: psycopg.AsyncConnection, schema: str, ids: list[str]) -> bool:
@@ -207,49 +219,81 @@ async def _sound(conn: psycopg.AsyncConnection, schema: str, run_ids: list[str])
     return answered
 
 
-@pytest.mark.parametrize("release", ["before-newest-migration", "before-turn"])
+async def _journal_length(conn: psycopg.AsyncConnection, schema: str, run_id: str) -> int:
+    cur = await conn.execute(
+        sql.SQL("SELECT count(*) FROM {} WHERE run_id = %s").format(table(schema, "run_event")), (run_id,)
+    )
+    return int((await cur.fetchone())[0])  # type: ignore[index]
+
+
+@pytest.mark.parametrize("release", list(REVISIONS))
 async def test_the_previous_release_keeps_working_on_the_migrated_schema(
-    dsn: str, schema_name: str, conn: psycopg.AsyncConnection, releases: dict[str, Path], release: str
+    dsn: str,
+    schema_name: str,
+    conn: psycopg.AsyncConnection,
+    releases: Callable[[str], Path],
+    release: str,
+    tmp_path: Path,
 ) -> None:
-    old, new = Side(dsn, schema_name, releases[release]), Side(dsn, schema_name, None)
+    package = releases(release)
+    old, new = Side(dsn, schema_name, package), Side(dsn, schema_name, None)
     old_file, old_version = old.version().split()
-    assert str(releases[release]) in old_file  # the old side really runs the built release
+    assert str(package) in old_file  # the old side really runs the built release
     assert int(old_version) < runrow.latest_version()
+    # A release from schema 8 on stops claiming once it finds the schema ahead of it.
+    watches = (package / "runrow" / "_engine" / "schema_watch.py").exists()
+    gate = tmp_path / "gate"
     try:
-        # The previous release runs on its own schema, as before the deploy.
+        # The previous release runs on its own schema, as before the deploy, with a turn
+        # in flight: its first words streamed, the rest to come after the migration.
         old.migrate()
-        old_worker = await old.start_worker("old-worker")
+        old_worker = await old.start_worker("old-worker", gate)
+        (held,) = old.enqueue("held-1")
+        await wait_for(lambda: _journal_length(conn, schema_name, held), what="the held run streaming")
+        assert await status_of(conn, schema_name, held) == "running"
         # The deploy: migrate first. The old worker keeps running through it.
         await runrow.migrate(dsn, schema=schema_name)
         cur = await conn.execute(
             sql.SQL("SELECT max(version) FROM {}").format(table(schema_name, "schema_version"))
         )
         assert (await cur.fetchone()) == (runrow.latest_version(),)
-        # Alone on the migrated schema, the old release takes turns end to end: its
-        # enqueue, its worker's stream, answer and ending, its tail.
-        first = old.enqueue("c-old-1", "c-old-2")
-        await wait_for(
-            lambda: _all_completed(conn, schema_name, first), timeout=30, what="the old worker's runs"
-        )
-        tailed = old.tail(first[0])
+        if watches:
+            log = old.logs[old_worker.pid]
+            await wait_for(
+                lambda: any("stopped claiming" in line for line in log), what="the old worker's line"
+            )
+        # The held run ends whole on the migrated schema: the rest of its stream, its
+        # answer and its ending, all written by the old release.
+        gate.touch()
+        await wait_for(lambda: _all_completed(conn, schema_name, [held]), timeout=30, what="the held run")
+        assert await _sound(conn, schema_name, [held]) == {held: "answered by old-worker"}
+        tailed = old.tail(held)
         assert [e["seq"] for e in tailed] == list(range(1, len(tailed) + 1))
         assert tailed[-1]["type"] == "complete" and tailed[-1]["payload"].get("status") == "completed"
-        assert set((await _sound(conn, schema_name, first)).values()) == {"answered by old-worker"}
+        if not watches:
+            # A release from before the watch keeps claiming: alone on the migrated
+            # schema, it takes turns end to end (its enqueue, worker and endings).
+            first = old.enqueue("c-old-1", "c-old-2")
+            await wait_for(
+                lambda: _all_completed(conn, schema_name, first), timeout=30, what="the old worker's runs"
+            )
+            assert set((await _sound(conn, schema_name, first)).values()) == {"answered by old-worker"}
         # The rollout: this release's worker beside the old one; both releases enqueue.
-        new_worker = await new.start_worker("new-worker")
+        new_worker = await new.start_worker("new-worker", gate)
         second = old.enqueue(*(f"c-mixed-old-{i}" for i in range(6)))
         second += new.enqueue(*(f"c-mixed-new-{i}" for i in range(6)))
-        # A second turn in a conversation the old release answered (transcript order).
-        second += new.enqueue("c-old-1")
+        # A second turn in the conversation the old release answered (transcript order).
+        second += new.enqueue("held-1")
         await wait_for(lambda: _all_completed(conn, schema_name, second), timeout=30, what="every run")
         assert {e["type"] for e in old.tail(second[-1])} >= {"user_message_created", "complete"}
-        await _sound(conn, schema_name, second[:-1])
-        transcript = json.loads(old.call("transcript", "c-old-1"))
-        assert [(m[0], m[1]) for m in transcript][::2] == [("user", "hi c-old-1"), ("user", "hi c-old-1")]
+        answered = await _sound(conn, schema_name, second[:-1])
+        if watches:  # it took none of them
+            assert set(answered.values()) == {"answered by new-worker"}
+        transcript = json.loads(old.call("transcript", "held-1"))
+        assert [(m[0], m[1]) for m in transcript][::2] == [("user", "hi held-1"), ("user", "hi held-1")]
         assert [m[0] for m in transcript] == ["user", "assistant", "user", "assistant"]
-        for proc in (old_worker, new_worker):
-            out, _ = old.stop(proc)
-            assert "drained" in out
+        for side, proc in ((old, old_worker), (new, new_worker)):
+            assert "drained" in side.stop(proc)
     finally:
         old.kill_all()
         new.kill_all()

@@ -18,11 +18,13 @@ SET search_path = {schema}, pg_catalog
 AS $fill_turn$
 BEGIN
     UPDATE message m SET turn = coalesce(
-        -- A user message: the queue_order of the run that sent it (the first, if retried).
-        (SELECT min(r.queue_order) FROM agent_run r WHERE r.user_message_id = m.id),
+        -- A user message: the queue_order of the run that sent it (a message is only
+        -- ever inserted by its turn's first run; retries reuse it).
+        (SELECT r.queue_order FROM agent_run r WHERE r.id = m.run_id AND r.user_message_id = m.id),
         -- An answer: the turn of the user message its run answers.
         (SELECT u.turn FROM agent_run r JOIN message u ON u.id = r.user_message_id
          WHERE r.id = m.run_id),
+        -- (Both are primary-key probes: agent_run.user_message_id has no index.)
         -- Anything else: the latest turn begun before it, so it keeps its place.
         (SELECT max(p.turn) FROM message p
          WHERE p.conversation_id = m.conversation_id AND p.position < m.position),
