@@ -198,3 +198,46 @@ async def test_two_parallel_approvals_are_both_asked_and_answered_in_either_orde
     evs = await assert_journal_sound(conn, schema, run.id)
     provided = [p["key"] for _, t, p in evs if t == "input_provided"]
     assert provided == [f"approve:{first}", f"approve:{second}"]
+
+
+async def test_a_wait_cut_by_the_agent_before_its_park_lets_the_turn_go_on(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    """A wait still waiting for the steps beside it to settle, cancelled by the agent's
+    own code (its task group's scope, say), must not leave the turn parking: its steps
+    would wait for a park that never comes, and the run would hang until its deadline."""
+    release, cut, was_cut = anyio.Event(), anyio.Event(), anyio.Event()
+
+    async def slow() -> int:
+        await release.wait()
+        return 1
+
+    async def agent(run: runrow.RunContext) -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run.step, "slow", slow)
+            with anyio.CancelScope() as asking:
+                tg.start_soon(cut_when_told, asking)
+                await run.wait_for_input("approve", {"q": "?"})
+            was_cut.set()
+        after = await run.step("after", lambda: 2)
+        await run.write_message(f"went on: {after}")
+
+    async def cut_when_told(scope: anyio.CancelScope) -> None:
+        await cut.wait()
+        scope.cancel()
+
+    run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
+    async with runrow.Dispatcher(dsn, agent, schema=schema, **ROOMY):
+        # The wait is marked and waits for "slow" to settle: the agent cuts it there.
+        await wait_for(lambda: _has(conn, schema, "approve", "waiting"), what="the input marked waiting")
+        assert (await _steps(conn, schema))["slow"] == "started"
+        cut.set()
+        with anyio.fail_after(10):
+            await was_cut.wait()
+        release.set()  # only now: "slow" settles after the wait was cut, not before
+        await wait_for(lambda: is_terminal(conn, schema, run.id), what="the run to end")
+    row = await run_row(conn, schema, run.id)
+    assert row["status"] == "completed", row["error"]
+    said = [m.content for m in await runrow.transcript(dsn, "c", schema=schema) if m.role == "assistant"]
+    assert said == ["went on: 2"]
+    assert (await _steps(conn, schema))["after"] == "recorded"

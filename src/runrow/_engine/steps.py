@@ -79,7 +79,13 @@ class Steps:
         # recorded, and inputs being marked waiting (token -> key).
         self._active: dict[object, str] = {}
         self._changed: anyio.Event | None = None
-        self._parking: Park | None = None  # set once a wait decided to park the run
+        # Set while a wait parks the run (it waits for the work in flight first); a wait
+        # cancelled meanwhile (the agent's own task group cut it) clears it and sets
+        # _unparked, and the turn goes on. The waits marked, by position: the park is the
+        # first's, whichever write came back first.
+        self._parking = False
+        self._unparked: anyio.Event | None = None
+        self._marked: dict[int, tuple[str, Any, float | None]] = {}
 
     async def run(
         self,
@@ -132,10 +138,10 @@ class Steps:
                 raise _rebuilt(key, prior.error)
             if not idempotent:
                 raise StepUncertain(self._run_id, key, occurrence)
-        if self._parking is not None:
+        while self._parking and self._unparked is not None:
             # The turn is parking: a step not begun yet is not begun now (the park cuts
             # it here, unmarked), and the resumed run begins it.
-            await anyio.sleep_forever()
+            await self._unparked.wait()
         token = object()
         self._active[token] = key
         try:
@@ -254,17 +260,32 @@ class Steps:
             await self._write(_gw.wait, key=key, occurrence=0, position=position, request=text)
         finally:
             self._settled(token)
-        if self._parking is None:
-            # The first wait marked parks the run, once the turn's work in flight has
-            # settled; any other (parallel) wait is marked too, and is asked as well.
-            # The text streamed before the wait is kept under the wait's own message id,
-            # the same on every attempt (a wait's key is its own in the turn).
-            message_id = uuid.uuid5(self._lineage, f"input:{key}")
-            self._parking = park = Park(key, request, timeout, message_id)
-            await self._settle(key)
-            self._host.park(self._run_id, park)
-        await anyio.sleep_forever()
-        raise AssertionError("unreachable: a parked run's agent is cancelled")  # pragma: no cover
+        self._marked[position] = (key, request, timeout)
+        try:
+            while True:
+                if not self._parking:
+                    await self._park(position)
+                if self._unparked is not None:  # (always, once parking)
+                    await self._unparked.wait()  # cancelled with the agent, once parked
+        finally:
+            self._marked.pop(position, None)
+
+    async def _park(self, position: int) -> None:
+        """Parks the run once the turn's work in flight has settled; any other (parallel)
+        wait is marked too, and asked as well. The park is the first marked wait's (by
+        position, the same on every attempt): the text streamed before it is kept under
+        that wait's own message id, so an attempt parking there again writes it once."""
+        self._parking, self._unparked = True, (unparked := anyio.Event())
+        try:
+            await self._settle(self._marked[position][0])
+        except BaseException:
+            # Cut before the park (a task group of the agent's cancelled this wait): the
+            # turn goes on, its steps may begin, and another wait may park it.
+            self._parking = False
+            unparked.set()
+            raise
+        key, request, timeout = self._marked[min(self._marked)]
+        self._host.park(self._run_id, Park(key, request, timeout, uuid.uuid5(self._lineage, f"input:{key}")))
 
     def _settled(self, token: object) -> None:
         self._active.pop(token, None)
