@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -111,11 +112,17 @@ _CONTRACTING = {
     "a dropped column": re.compile(r"\bDROP\s+COLUMN\b", re.IGNORECASE),
     "a dropped table": re.compile(r"\bDROP\s+TABLE\b", re.IGNORECASE),
     "a rename": re.compile(r"\bRENAME\b", re.IGNORECASE),
+    "a new constraint (old writers may break it)": re.compile(r"\bADD\s+CONSTRAINT\b", re.IGNORECASE),
+    "a new unique index (old writers may break it)": re.compile(
+        r"\bCREATE\s+UNIQUE\s+INDEX\b", re.IGNORECASE
+    ),
+    "a dropped function, trigger or type": re.compile(r"\bDROP\s+(?:FUNCTION|TRIGGER|TYPE)\b", re.IGNORECASE),
     "a column's type changed": re.compile(
         r"\bALTER\s+COLUMN\s+\S+\s+(?:SET\s+DATA\s+)?TYPE\b", re.IGNORECASE
     ),
 }
-_ADD_COLUMN = re.compile(r"\bADD\s+COLUMN\b[^,;]*", re.IGNORECASE)
+# (COLUMN is optional after ADD; ADD CONSTRAINT is matched above.)
+_ADD_COLUMN = re.compile(r"\bADD\s+(?:COLUMN\b|(?!CONSTRAINT\b)(?=\w))[^,;]*", re.IGNORECASE)
 _FILLED = re.compile(r"\b(?:DEFAULT|GENERATED)\b", re.IGNORECASE)
 _NOT_NULL = re.compile(r"\bNOT\s+NULL\b", re.IGNORECASE)
 
@@ -135,7 +142,15 @@ def test_the_contraction_check_sees_what_breaks_a_previous_release() -> None:
         "a new NOT NULL column without a default"
     ]
     assert _contracting("ALTER TABLE {schema}.message ALTER COLUMN turn SET NOT NULL;") == ["SET NOT NULL"]
+    assert _contracting("ALTER TABLE t ADD x int NOT NULL;") == ["a new NOT NULL column without a default"]
     assert _contracting("ALTER TABLE t DROP COLUMN x;") == ["a dropped column"]
+    assert _contracting("ALTER TABLE t ADD CONSTRAINT c CHECK (x > 0);") == [
+        "a new constraint (old writers may break it)"
+    ]
+    assert _contracting("CREATE UNIQUE INDEX i ON t (x);") == [
+        "a new unique index (old writers may break it)"
+    ]
+    assert _contracting("DROP TRIGGER message_fill_turn ON t;") == ["a dropped function, trigger or type"]
     assert _contracting("ALTER TABLE t ALTER COLUMN x TYPE text;") == ["a column's type changed"]
     # Expanding is fine: defaults, nullable columns, new tables and indexes, comments.
     assert _contracting("ALTER TABLE t ADD COLUMN n integer NOT NULL DEFAULT 0;") == []
@@ -152,9 +167,12 @@ def test_migrations_expand_before_they_contract() -> None:
     assert len(steps) >= FIRST_EXPANDING
     # The check would have caught the migration that broke the previous release.
     assert _contracting(steps[2].text) == ["SET NOT NULL"]
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "howto" / "upgrading.md").read_text()
     for step in steps[FIRST_EXPANDING - 1 :]:
         declared = re.search(r"^--\s*contract:", step.text, re.MULTILINE)
         assert declared or not _contracting(step.text), (step.name, _contracting(step.text))
+        # A contraction is scheduled in the guide before it ships.
+        assert not declared or step.name in guide, f"{step.name} is not in docs/howto/upgrading.md"
 
 
 async def test_a_message_inserted_without_its_turn_gets_the_one_this_release_would_write(

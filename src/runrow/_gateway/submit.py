@@ -160,8 +160,9 @@ def retry(
     deadline_in: float | None,
 ) -> Plan[RunRef | None]:
     """Queues a retry of a failed, cancelled or expired run; None if it was not retried
-    (now). It keeps the run's deadline (``keep_deadline``; none if that has passed) or
-    takes ``deadline_at``, else ``deadline_in`` seconds from the database's clock, else none."""
+    (now). It keeps the run's deadline (``keep_deadline``: not retried if that has passed,
+    which ``retry_source`` then says) or takes ``deadline_at``, else ``deadline_in`` seconds
+    from the database's clock, else none."""
     rows = yield Query(
         _sql.statement("retry", schema),
         {
