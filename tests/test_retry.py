@@ -277,14 +277,15 @@ async def test_backoff_delays_the_retry_and_stop_cancels_it_while_it_waits(
         raise TimeoutError("flaky")
 
     policy = runrow.RetryPolicy(backoff=30, max_backoff=45)
-    async with runrow.Dispatcher(dsn, agent, schema=schema, retry=policy, **FAST):
+    settings = {**FAST, "poll": 0.2}  # a short tick: the negative check below waits three
+    async with runrow.Dispatcher(dsn, agent, schema=schema, retry=policy, **settings):
         first = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="hi")
         await wait_for(lambda: is_terminal(conn, schema, first.id), what="the first attempt")
         failed, retry = await _lineage(conn, schema, first.id)
         assert retry["not_before"] - failed["finished_at"] == timedelta(seconds=30)
         later = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="later")
         # A negative check, so a fixed wait: three claim ticks, and neither runs.
-        await anyio.sleep(3 * FAST["poll"])
+        await anyio.sleep(3 * settings["poll"])
         assert await status_of(conn, schema, retry["id"]) == "queued"
         assert await status_of(conn, schema, later.id) == "queued"
         result = await runrow.stop_conversation(dsn, "c", schema=schema)
