@@ -766,11 +766,12 @@ async def test_a_rejected_ending_is_left_to_the_reaper(
     async def agent(run: runrow.RunContext) -> None:
         return None
 
-    async with runrow.Dispatcher(dsn, agent, schema=schema, **FAST) as d:
+    # A short lease and grace: the test waits for the reap, not for its timing.
+    async with runrow.Dispatcher(dsn, agent, schema=schema, **{**FAST, "lease": 1.0, "grace": 0.5}) as d:
         run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content=1)
         await wait_for(lambda: d.get_stats()["claimed"] == 1 and not d.in_flight, what="the run let go")
         assert await status_of(conn, schema, run.id) == "running"
-        # lease 2 s + grace 1 s, then the reaper (every 0.2 s) ends it
+        # lease 1 s + grace 0.5 s, then the reaper (every 0.2 s) ends it
         await wait_for(lambda: is_terminal(conn, schema, run.id), timeout=15, what="the reaper")
     row = await run_row(conn, schema, run.id)
     assert row["status"] == "failed" and row["error"]["type"] == "worker_lost"
