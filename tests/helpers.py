@@ -71,6 +71,16 @@ async def wait_for(
         await anyio.sleep(interval)
 
 
+async def blocked_by(conn: psycopg.AsyncConnection, pid: int) -> bool:
+    """Whether some backend is waiting for a lock that backend ``pid`` holds (e.g. a stop
+    queued behind an uncommitted ending): the wait itself, instead of a sleep."""
+    cur = await conn.execute(
+        "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid)))", (pid,)
+    )
+    row = await cur.fetchone()
+    return bool(row and row[0])
+
+
 async def status_of(conn: psycopg.AsyncConnection, schema: str, run_id: Any) -> str:
     cur = await conn.execute(
         sql.SQL("SELECT status FROM {} WHERE id = %s").format(table(schema, "agent_run")), (run_id,)

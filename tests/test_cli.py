@@ -24,7 +24,7 @@ import anyio
 import pytest
 
 import runrow
-from runrow._cli_support import JsonFormatter
+from runrow._cli_support import BACKOFF_START, JsonFormatter
 from runrow.cli import build_parser
 from runrow.embedded import EmbeddedPostgres
 
@@ -277,7 +277,9 @@ def test_a_worker_waits_quietly_for_the_database_and_stops_at_once_on_sigterm() 
         assert first.startswith(
             f"runrow worker: waiting for the database at 127.0.0.1:{port} (Connection refused)"
         )
-        time.sleep(4)  # several attempts: 0.5 s, 1 s, 2 s apart
+        # A negative check, so a fixed wait (a refused connect leaves nothing here to wait
+        # on): three attempts, 0.5 s then 1 s apart, and still the one line above.
+        time.sleep(3 * BACKOFF_START + 0.5)
         sent = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=10)

@@ -450,6 +450,8 @@ async def test_no_reaper_in_the_web_process_unless_asked(dsn: str, schema: str) 
     async with serve_demo(dsn, schema, workers=0) as base, httpx.AsyncClient(base_url=base) as client:
         run_id = (await _post(client, "conv-lost", "who is there"))["run_id"]
         await _lose_the_worker(dsn, schema, run_id)
+        # A negative check, so a fixed wait: a reaper here would end this hour-old lease
+        # in its first pass after the loss.
         await anyio.sleep(1.0)
         assert (await client.get(f"/v1/runs/{run_id}", headers=ALICE)).json()["status"] == "running"
         # (end it, so that nothing is left running for other tests to trip on)
@@ -570,7 +572,7 @@ async def test_approval_is_asked_then_approved_and_the_tool_runs_once(dsn: str, 
         assert asked["expires_at"] is not None  # the demo's default limit (600 s)
         # Waiting: nothing sent yet, and the run stays parked.
         assert (await client.get("/v1/conversations/conv-ok", headers=ALICE)).json()["notes"] == []
-        await anyio.sleep(0.3)
+        await anyio.sleep(0.3)  # a negative check, so a fixed wait: a wrongly woken claim would show
         assert (await client.get(f"/v1/runs/{run_id}", headers=ALICE)).json()["status"] == "waiting"
 
         resp = await _answer(client, run_id, asked["key"], {"approved": True})

@@ -354,7 +354,9 @@ async def test_a_remote_finalize_wakes_the_next_turn(
         dsn, agent, schema=schema, **{**FAST, "poll": 60.0, "reap_interval": 60.0}
     ) as d:
         await wait_for(lambda: d.hub is not None and d.hub.connected, what="the hub")
-        await anyio.sleep(0.1)  # the claim loop has found nothing and parked
+        # The claim loop has found nothing and parked: its first claim statement is
+        # counted as it returns, and nothing is awaited between that and the park.
+        await wait_for(lambda: d.get_stats()["claims"] >= 1, what="the claim loop to park")
         ended_at = anyio.current_time()
         assert await manual.finalize(conn, schema, t1.id, held["claim_token"], "completed", 3)
         await wait_for(lambda: "t2" in started, timeout=5, what="the next turn after a remote finalize")
@@ -764,11 +766,12 @@ async def test_a_rejected_ending_is_left_to_the_reaper(
     async def agent(run: runrow.RunContext) -> None:
         return None
 
-    async with runrow.Dispatcher(dsn, agent, schema=schema, **FAST) as d:
+    # A short lease and grace: the test waits for the reap, not for its timing.
+    async with runrow.Dispatcher(dsn, agent, schema=schema, **{**FAST, "lease": 1.0, "grace": 0.5}) as d:
         run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content=1)
         await wait_for(lambda: d.get_stats()["claimed"] == 1 and not d.in_flight, what="the run let go")
         assert await status_of(conn, schema, run.id) == "running"
-        # lease 2 s + grace 1 s, then the reaper (every 0.2 s) ends it
+        # lease 1 s + grace 0.5 s, then the reaper (every 0.2 s) ends it
         await wait_for(lambda: is_terminal(conn, schema, run.id), timeout=15, what="the reaper")
     row = await run_row(conn, schema, run.id)
     assert row["status"] == "failed" and row["error"]["type"] == "worker_lost"
@@ -1062,9 +1065,10 @@ async def test_stop_works_in_any_order_and_inside_the_hosts_own_scopes(
     async def agent(run: runrow.RunContext) -> None:
         ran.append(run.content)
 
+    settings = {**FAST, "poll": 0.2}  # a short tick: the negative check below waits past one
     async with (
-        runrow.Dispatcher(dsn, agent, schema=schema, **FAST) as first,
-        runrow.Dispatcher(dsn, agent, schema=schema, **FAST) as second,
+        runrow.Dispatcher(dsn, agent, schema=schema, **settings) as first,
+        runrow.Dispatcher(dsn, agent, schema=schema, **settings) as second,
     ):
         run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
         await wait_for(lambda: ran == ["x"], what="the run")
@@ -1072,7 +1076,9 @@ async def test_stop_works_in_any_order_and_inside_the_hosts_own_scopes(
             assert (await first.stop()).left_for_reaper == []
         assert (await second.stop()).left_for_reaper == []
         late = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="late")
-        await anyio.sleep(0.3)  # neither stopped dispatcher may claim it
+        # A negative check, so a fixed wait: past a claim tick (the enqueue's wake would
+        # act at once), and neither stopped dispatcher may claim it.
+        await anyio.sleep(1.5 * settings["poll"])
     assert await status_of(conn, schema, run.id) == "completed"
     assert await status_of(conn, schema, late.id) == "queued"
 

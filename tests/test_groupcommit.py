@@ -38,7 +38,9 @@ async def test_a_lone_item_goes_at_once_and_late_ones_ride_the_next_batch() -> N
         for i in (2, 3):
             tg.start_soon(submit, i)
         gc.hand_over(4, lambda r, e: answers.__setitem__(4, (r, e)))
-        await anyio.sleep(0.05)
+        with anyio.fail_after(5):  # all three queued behind the batch in flight
+            while len(gc._queue) < 3:
+                await anyio.sleep(0.01)
         release.set()
         with anyio.fail_after(5):
             while len(results) < 3 or 4 not in answers:

@@ -20,7 +20,7 @@ claim that runs in a few). These tests run on such a server, with
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import anyio
 import psycopg
@@ -97,12 +97,23 @@ async def _reset(dsn: str) -> None:
         await conn.execute("SELECT pg_stat_statements_reset()")
 
 
-async def _agent(run: runrow.RunContext) -> None:
-    await run.text("hello ")
-    await run.emit({"type": "tool_call_started", "tool_call_id": "t1", "name": "noop"})
-    await run.emit({"type": "tool_call_finished", "tool_call_id": "t1"})
-    await run.text("world")
-    await anyio.sleep(0.3)  # long enough for a heartbeat (0.1 s) to renew the lease
+def _agent(dsn: str, schema: str) -> Callable[[runrow.RunContext], Awaitable[None]]:
+    async def agent(run: runrow.RunContext) -> None:
+        await run.text("hello ")
+        await run.emit({"type": "tool_call_started", "tool_call_id": "t1", "name": "noop"})
+        await run.emit({"type": "tool_call_finished", "tool_call_id": "t1"})
+        await run.text("world")
+        # Held until a heartbeat has renewed the lease (a statement this test checks).
+        first = (await runrow.get_run(dsn, run.run_id, schema=schema)).claim_expires_at
+        assert first is not None
+
+        async def renewed() -> bool:
+            now = (await runrow.get_run(dsn, run.run_id, schema=schema)).claim_expires_at
+            return now is not None and now > first
+
+        await wait_for(renewed, what="a heartbeat to renew the lease")
+
+    return agent
 
 
 async def _exercise(
@@ -140,7 +151,7 @@ async def _exercise(
     # claim, heartbeat, append, finalize and reap, through the Dispatcher
     async with runrow.Dispatcher(
         dispatcher_db,
-        _agent,
+        _agent(dsn, schema),
         schema=schema,
         concurrency=2,
         lease=1.0,

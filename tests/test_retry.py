@@ -15,7 +15,7 @@ from psycopg import sql
 import runrow
 
 from . import manual
-from .helpers import events, is_terminal, rows, run_row, status_of, table, wait_for
+from .helpers import blocked_by, events, is_terminal, rows, run_row, status_of, table, wait_for
 
 pytestmark = pytest.mark.anyio
 
@@ -35,6 +35,16 @@ async def _lineage(conn: psycopg.AsyncConnection, schema: str, first: uuid.UUID)
     return await cur.fetchall()
 
 
+async def _lapsed(conn: psycopg.AsyncConnection, schema: str, run_id: uuid.UUID) -> None:
+    """Waits until ``run_id``'s lease has lapsed by the database's clock (a reap candidate
+    at grace 0), instead of sleeping past it."""
+
+    async def due() -> bool:
+        return run_id in await manual.reap_candidates(conn, schema, grace=0.0)
+
+    await wait_for(due, what="the lease to lapse")
+
+
 async def _settled(conn: psycopg.AsyncConnection, schema: str, first: uuid.UUID) -> list[dict[str, Any]]:
     """The lineage once its last run has ended and no retry follows it."""
 
@@ -43,7 +53,9 @@ async def _settled(conn: psycopg.AsyncConnection, schema: str, first: uuid.UUID)
         return runs if runs[-1]["finished_at"] is not None else None
 
     runs = await wait_for(done, timeout=20, what="the lineage to settle")
-    await anyio.sleep(0.3)  # long enough for a wrongly queued further retry to show
+    # A negative check, so a fixed wait: an ending queues its retry in its own commit (so
+    # the read above would see it); what else queues one is the reaper, every reap_interval.
+    await anyio.sleep(1.5 * FAST["reap_interval"])
     again = await _lineage(conn, schema, first)
     assert len(again) == len(runs), again
     return again
@@ -150,8 +162,8 @@ async def test_a_lost_worker_is_retried_by_any_process_reaper(
     """The policy travels with the run (its claim stamps it): a reaper in a process that
     has no policy of its own still retries the run, in the reap's own commit."""
     run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="hi")
-    await manual.claim(conn, schema, lease=0.5, worker_id="doomed", retry_policy=NOW.stamp())
-    await anyio.sleep(1.0)
+    await manual.claim(conn, schema, lease=0.2, worker_id="doomed", retry_policy=NOW.stamp())
+    await _lapsed(conn, schema, run.id)
     assert await manual.reap(conn, schema, [run.id], grace=0.0) == [run.id]
     failed, retry = await _lineage(conn, schema, run.id)
     assert failed["error"]["type"] == "worker_lost"
@@ -160,9 +172,9 @@ async def test_a_lost_worker_is_retried_by_any_process_reaper(
     other = await runrow.enqueue(dsn, schema=schema, conversation_id="d", user_id="u", content="hi")
     stamp = runrow.RetryPolicy(backoff=0, worker_lost=False).stamp()
     # (The first run's retry is due too: both are claimed, only `other` is reaped.)
-    claimed = await manual.claim(conn, schema, limit=10, lease=0.5, worker_id="doomed", retry_policy=stamp)
+    claimed = await manual.claim(conn, schema, limit=10, lease=0.2, worker_id="doomed", retry_policy=stamp)
     assert other.id in {r["id"] for r in claimed}
-    await anyio.sleep(1.0)
+    await _lapsed(conn, schema, other.id)
     assert await manual.reap(conn, schema, [other.id], grace=0.0) == [other.id]
     assert len(await _lineage(conn, schema, other.id)) == 1
 
@@ -177,7 +189,7 @@ async def test_an_uncertain_step_blocks_the_retry(
         run = await runrow.enqueue(
             dsn, schema=schema, conversation_id=conversation, user_id="u", content="hi"
         )
-        (claimed,) = await manual.claim(conn, schema, lease=0.5, retry_policy=NOW.stamp())
+        (claimed,) = await manual.claim(conn, schema, lease=0.2, retry_policy=NOW.stamp())
         await conn.execute(
             sql.SQL(
                 "INSERT INTO {} (lineage_id, key, occurrence, position, run_id, status, idempotent, result,"
@@ -192,7 +204,7 @@ async def test_an_uncertain_step_blocks_the_retry(
                 None if status == "started" else claimed["started_at"],
             ),
         )
-        await anyio.sleep(1.0)
+        await _lapsed(conn, schema, run.id)
         assert await manual.reap(conn, schema, [run.id], grace=0.0) == [run.id]
         assert len(await _lineage(conn, schema, run.id)) == (2 if retried else 1)
 
@@ -230,7 +242,8 @@ async def test_a_stop_that_waited_on_the_ending_cancels_its_retry(
         )
         async with anyio.create_task_group() as tg:
             tg.start_soon(stop)
-            await anyio.sleep(0.5)  # the stop is now waiting for the run's lock
+            pid = ender.info.backend_pid
+            await wait_for(lambda: blocked_by(conn, pid), what="the stop to wait for the run's lock")
             assert not stopped
             await ender.commit()
     failed, retry = await _lineage(conn, schema, run.id)
@@ -264,13 +277,15 @@ async def test_backoff_delays_the_retry_and_stop_cancels_it_while_it_waits(
         raise TimeoutError("flaky")
 
     policy = runrow.RetryPolicy(backoff=30, max_backoff=45)
-    async with runrow.Dispatcher(dsn, agent, schema=schema, retry=policy, **FAST):
+    settings = {**FAST, "poll": 0.2}  # a short tick: the negative check below waits three
+    async with runrow.Dispatcher(dsn, agent, schema=schema, retry=policy, **settings):
         first = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="hi")
         await wait_for(lambda: is_terminal(conn, schema, first.id), what="the first attempt")
         failed, retry = await _lineage(conn, schema, first.id)
         assert retry["not_before"] - failed["finished_at"] == timedelta(seconds=30)
         later = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="later")
-        await anyio.sleep(1.5)  # three claim ticks: neither the retry nor the later turn runs
+        # A negative check, so a fixed wait: three claim ticks, and neither runs.
+        await anyio.sleep(3 * settings["poll"])
         assert await status_of(conn, schema, retry["id"]) == "queued"
         assert await status_of(conn, schema, later.id) == "queued"
         result = await runrow.stop_conversation(dsn, "c", schema=schema)

@@ -275,7 +275,8 @@ async def test_step_writes_are_fenced_by_the_claim(
             outcome.append(exc)
             raise
 
-    async with runrow.Dispatcher(dsn, agent, schema=schema, **FAST):
+    # A short lease and grace: the test waits for the reap, not for its timing.
+    async with runrow.Dispatcher(dsn, agent, schema=schema, **{**FAST, "lease": 1.0, "grace": 0.5}):
         run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="go")
         await wait_for(lambda: outcome, what="the step to be refused")
         await wait_for(lambda: is_terminal(conn, schema, run.id), what="the reaper to end the run")

@@ -184,7 +184,9 @@ async def test_reads_queued_while_one_is_in_flight_ride_the_next_statement(dsn: 
             await wait_for(lambda: b.busy and b.statements == 1, what="the first read sent")
             for rid in ids[1:]:
                 tg.start_soon(read, rid)
-            await anyio.sleep(0.1)  # (every read queued behind the one in flight)
+            await wait_for(
+                lambda: len(b._queue) == len(ids) - 1, what="every read queued behind the one in flight"
+            )
             await pool.putconn(held)
         assert (b.statements, b.reads) == (2, 50)
         assert all(got[rid] == [1, 2] for rid in ids), got

@@ -171,8 +171,9 @@ async def test_later_turns_of_the_conversation_wait_behind_a_waiting_run(
         other = await runrow.enqueue(dsn, schema=schema, conversation_id="o", user_id="u", content="other")
         # Another conversation runs; this one's second turn does not, for as long as the first waits.
         await wait_for(lambda: is_terminal(conn, schema, other.id), what="the other conversation's turn")
-        for _ in range(5):  # several claim passes (poll 0.2 s), and the other turn's wake
-            await anyio.sleep(0.2)
+        # A negative check, so fixed waits: three claim ticks after the other turn's wake.
+        for _ in range(3):
+            await anyio.sleep(FAST["poll"])
             assert await status_of(conn, schema, second.id) == "queued"
         assert d.get_stats()["parked"] == 1
         # The schema refuses a second active turn outright, whatever a claim would try.
@@ -444,9 +445,14 @@ async def test_a_run_resumed_before_its_park_was_acknowledged_keeps_its_new_clai
     from runrow._engine import executor
 
     ended = executor.Executor._ended
+    handled: list[bool] = []  # an answer handled (late): the first is the park's
 
     def late(self: executor.Executor, *args: Any) -> None:
-        asyncio.get_running_loop().call_later(1.0, lambda: ended(self, *args))
+        def now() -> None:
+            ended(self, *args)
+            handled.append(True)
+
+        asyncio.get_running_loop().call_later(1.0, now)
 
     monkeypatch.setattr(executor.Executor, "_ended", late)
     resumed = anyio.Event()
@@ -454,7 +460,10 @@ async def test_a_run_resumed_before_its_park_was_acknowledged_keeps_its_new_clai
     async def agent(run: runrow.RunContext) -> None:
         value = await run.wait_for_input("k", "q")
         resumed.set()
-        await anyio.sleep(3 * FAST["lease"])  # long enough that a lost claim is reaped
+        await wait_for(lambda: handled, what="the park's late answer")
+        # A negative check, so a fixed wait: had that answer dropped this claim, its
+        # lease would lapse and the reaper (every reap_interval) would end it by now.
+        await anyio.sleep(FAST["lease"] + FAST["grace"] + 5 * FAST["reap_interval"])
         await run.text(f"after {value}")
 
     run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="x")
