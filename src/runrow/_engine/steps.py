@@ -142,51 +142,38 @@ class Steps:
             # The turn is parking: a step not begun yet is not begun now (the park cuts
             # it here, unmarked), and the resumed run begins it.
             await self._unparked.wait()
-        token = object()
+        token = object()  # in flight until recorded: a park waits for it
         self._active[token] = key
         try:
-            return await self._begin(key, occurrence, position, fn, args, kwargs, idempotent, token)
+            where = {"key": key, "occurrence": occurrence, "position": position}
+            if not idempotent:
+                await self._write(_gw.start, **where)
+            try:
+                inside = _ENCLOSING.set((*_ENCLOSING.get(), token))
+                try:
+                    value = fn(*args, **kwargs)
+                    if inspect.isawaitable(value):
+                        value = await value
+                finally:
+                    _ENCLOSING.reset(inside)
+                text = _json.dumps(value, f"step {key!r} result", MAX_STEP_BYTES)
+            except Exception as exc:
+                if idempotent:
+                    raise  # not recorded: a retry calls it again (it may succeed then)
+                # Recorded like a result: its effect may have happened, so a replay raises
+                # the error again instead of calling a second time.
+                error = {
+                    **_json.error_of(exc, 64 * 1024),
+                    "type": type(exc).__qualname__,
+                    "module": type(exc).__module__,
+                }
+                body = _json.dumps(error, "step error")
+                await self._write(_gw.record, **where, idempotent=idempotent, result=None, error=body)
+                raise
+            recorded = await self._write(_gw.record, **where, idempotent=idempotent, result=text, error=None)
+            return recorded.result  # as the database keeps it: what a replay returns too
         finally:
             self._settled(token)
-
-    async def _begin(
-        self,
-        key: str,
-        occurrence: int,
-        position: int,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        idempotent: bool,
-        token: object,
-    ) -> Any:
-        where = {"key": key, "occurrence": occurrence, "position": position}
-        if not idempotent:
-            await self._write(_gw.start, **where)
-        try:
-            inside = _ENCLOSING.set((*_ENCLOSING.get(), token))
-            try:
-                value = fn(*args, **kwargs)
-                if inspect.isawaitable(value):
-                    value = await value
-            finally:
-                _ENCLOSING.reset(inside)
-            text = _json.dumps(value, f"step {key!r} result", MAX_STEP_BYTES)
-        except Exception as exc:
-            if idempotent:
-                raise  # not recorded: a retry calls it again (it may succeed then)
-            # Recorded like a result: its effect may have happened, so a replay raises
-            # the error again instead of calling a second time.
-            error = {
-                **_json.error_of(exc, 64 * 1024),
-                "type": type(exc).__qualname__,
-                "module": type(exc).__module__,
-            }
-            body = _json.dumps(error, "step error")
-            await self._write(_gw.record, **where, idempotent=idempotent, result=None, error=body)
-            raise
-        recorded = await self._write(_gw.record, **where, idempotent=idempotent, result=text, error=None)
-        return recorded.result  # as the database keeps it: what a replay returns too
 
     async def _replayed(self, key: str, occurrence: int, position: int) -> StepRecord | None:
         """What an earlier attempt left for this call (None: nothing), or StepMismatch."""
