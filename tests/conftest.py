@@ -41,6 +41,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if not any(item.get_closest_marker(name) for name in _NOT_QUICK):
             item.add_marker(pytest.mark.quick)
+        # A test that never asks for the session's server (pure Python, or a server of
+        # its own) runs the same whatever RUNROW_TEST_SERVER says: CI's stock-server pass
+        # leaves it out.
+        if "pg_server" not in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.serverless)
 
 
 @pytest.fixture(scope="session")
