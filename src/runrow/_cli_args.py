@@ -172,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve the admin dashboard (runs, queue health, actions) on a port",
         description="Serves runrow.admin on its own. With a token (--token or $RUNROW_WEB_TOKEN) "
         "requests must carry it (open /login?token=TOKEN once in a browser); without one it binds "
-        "and answers this machine only. Needs `pip install runrow[http]` and uvicorn.",
+        "and answers this machine only. Needs `pip install runrow[web]`.",
     )
     web.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
     web.add_argument("--port", type=int, default=8001, help="port to bind (default: %(default)s)")

@@ -194,6 +194,6 @@ def web(args: argparse.Namespace, database_url: str, *, say: Callable[[str], Any
     """``runrow web`` (see :mod:`runrow.admin._web`), its extras imported only now."""
     try:
         from .admin._web import command
-    except ImportError as exc:  # runrow[http]'s starlette
-        raise SystemExit(f"runrow web needs {exc.name}: pip install 'runrow[http]' uvicorn") from None
+    except ImportError as exc:  # runrow[web]'s starlette or uvicorn
+        raise SystemExit(f"runrow web needs {exc.name}: pip install 'runrow[web]'") from None
     return command(args, database_url, say=say)

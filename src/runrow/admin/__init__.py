@@ -4,7 +4,7 @@
 (``app.mount("/admin", create_admin(pool, authorize=...))``). It is server-rendered
 HTML with a little CSS and JavaScript shipped inside the package (no build step, no
 external fetch), on the host's pool and hub (open them in the host's lifespan: a
-mounted app's own lifespan never runs). Install it with ``pip install "runrow[http]"``.
+mounted app's own lifespan never runs). Install it with ``pip install "runrow[web]"``.
 
 Pages:
 
