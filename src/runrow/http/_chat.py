@@ -18,6 +18,7 @@ from starlette.responses import Response
 
 import runrow
 
+from .. import _json
 from ..protocols import Cursor
 from . import _streams
 from ._base import Endpoints, checked_conversation_id
@@ -89,18 +90,14 @@ def client_key(protocol: str, cid: str, kind: str | None, client_id: str) -> str
     """
     parts = [cid] if kind is None else [cid, kind]
     plain = ":".join([protocol, *parts, client_id])
-    if ":" not in cid and len(plain) <= MAX_KEY and "\x00" not in plain and _encodable(plain):
-        return plain
+    if ":" not in cid:
+        try:
+            _json.check_id(plain, "idempotency_key", max_len=MAX_KEY)  # what enqueue checks
+            return plain
+        except runrow.InvalidInput:
+            pass
     exact = json.dumps([*parts, client_id]).encode()  # ASCII: surrogates are escaped
     return f"{protocol}#{hashlib.sha256(exact).hexdigest()}"
-
-
-def _encodable(text: str) -> bool:
-    try:
-        text.encode()
-    except UnicodeEncodeError:  # a lone surrogate: the database takes UTF-8 only
-        return False
-    return True
 
 
 class ChatEndpoints:
