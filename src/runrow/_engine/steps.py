@@ -79,12 +79,11 @@ class Steps:
         # recorded, and inputs being marked waiting (token -> key).
         self._active: dict[object, str] = {}
         self._changed: anyio.Event | None = None
-        # Set while a wait parks the run (it waits for the work in flight first); a wait
-        # cancelled meanwhile (the agent's own task group cut it) clears it and sets
-        # _unparked, and the turn goes on. The waits marked, by position: the park is the
-        # first's, whichever write came back first.
-        self._parking = False
-        self._unparked: anyio.Event | None = None
+        # While a wait parks the run (it waits for the work in flight first): an event set
+        # only if that wait is cut before the park (the agent's own task group cancelled
+        # it), when the turn goes on. The waits marked, by position: the park is the
+        # lowest position's, whichever write came back first.
+        self._parking: anyio.Event | None = None
         self._marked: dict[int, tuple[str, Any, float | None]] = {}
 
     async def run(
@@ -138,10 +137,10 @@ class Steps:
                 raise _rebuilt(key, prior.error)
             if not idempotent:
                 raise StepUncertain(self._run_id, key, occurrence)
-        while self._parking and self._unparked is not None:
+        while (parking := self._parking) is not None:
             # The turn is parking: a step not begun yet is not begun now (the park cuts
             # it here, unmarked), and the resumed run begins it.
-            await self._unparked.wait()
+            await parking.wait()
         token = object()  # in flight until recorded: a park waits for it
         self._active[token] = key
         try:
@@ -250,10 +249,10 @@ class Steps:
         self._marked[position] = (key, request, timeout)
         try:
             while True:
-                if not self._parking:
-                    await self._park(position)
-                if self._unparked is not None:  # (always, once parking)
-                    await self._unparked.wait()  # cancelled with the agent, once parked
+                if (parking := self._parking) is None:
+                    await self._park(position)  # the agent is cancelled once it has parked
+                else:
+                    await parking.wait()  # another wait parks the run, unless it is cut first
         finally:
             self._marked.pop(position, None)
 
@@ -262,14 +261,14 @@ class Steps:
         wait is marked too, and asked as well. The park is the first marked wait's (by
         position, the same on every attempt): the text streamed before it is kept under
         that wait's own message id, so an attempt parking there again writes it once."""
-        self._parking, self._unparked = True, (unparked := anyio.Event())
+        self._parking = parking = anyio.Event()
         try:
             await self._settle(self._marked[position][0])
         except BaseException:
             # Cut before the park (a task group of the agent's cancelled this wait): the
             # turn goes on, its steps may begin, and another wait may park it.
-            self._parking = False
-            unparked.set()
+            self._parking = None
+            parking.set()
             raise
         key, request, timeout = self._marked[min(self._marked)]
         self._host.park(self._run_id, Park(key, request, timeout, uuid.uuid5(self._lineage, f"input:{key}")))
