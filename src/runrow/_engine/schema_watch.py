@@ -53,8 +53,6 @@ class SchemaWatch:
         self._claimer = claimer
         self._roster = roster
         self._services = services
-        self.ahead_at: int | None = None
-        """The version found ahead of this runrow's, once found (claiming stopped then)."""
 
     async def run(self, *, task_status: TaskStatus[None]) -> None:
         """The watch (service ``schema-watch``): ends once it has stopped the claims."""
@@ -73,7 +71,6 @@ class SchemaWatch:
                 return
 
     async def _stop_claiming(self, found: int, expected: int) -> None:
-        self.ahead_at = found
         s = self._settings
         # As the drain's first phase: no claim of the loop's, none folded into an ending.
         self._claimer.stopping = True
