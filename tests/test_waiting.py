@@ -547,6 +547,15 @@ async def test_a_resumed_replay_reads_the_transcript_as_its_first_pass_did(
     assert seen[4] == ["user", "assistant", "assistant"]  # after the wait: everything
 
 
+async def _answers(dsn: str, schema: str) -> list[tuple[object, str]]:
+    """Conversation c's assistant messages: (content, status), in transcript order."""
+    return [
+        (m.content, m.status)
+        for m in await runrow.transcript(dsn, "c", schema=schema)
+        if m.role == "assistant"
+    ]
+
+
 @pytest.mark.parametrize("ended_by", ["stop", "expiry"])
 async def test_text_streamed_before_a_wait_is_in_the_transcript_once_across_a_retry(
     dsn: str, schema: str, conn: psycopg.AsyncConnection, ended_by: str
@@ -574,12 +583,7 @@ async def test_text_streamed_before_a_wait_is_in_the_transcript_once_across_a_re
         assert await runrow.provide_input(dsn, again.id, "approve:t1", {"approved": True}, schema=schema)
         await wait_for(lambda: is_terminal(conn, schema, again.id), what="the retry to end")
     assert await status_of(conn, schema, again.id) == "completed"
-    said = [
-        (m.content, m.status)
-        for m in await runrow.transcript(dsn, "c", schema=schema)
-        if m.role == "assistant"
-    ]
-    assert said == [("let me check. ", "complete"), ("done: True", "complete")]
+    assert await _answers(dsn, schema) == [("let me check. ", "complete"), ("done: True", "complete")]
 
 
 async def test_a_retry_that_replays_an_answered_wait_does_not_save_the_text_before_it_again(
@@ -606,10 +610,5 @@ async def test_a_retry_that_replays_an_answered_wait_does_not_save_the_text_befo
         again = await runrow.retry_run(dsn, run.id, schema=schema)
         await wait_for(lambda: is_terminal(conn, schema, again.id), what="the retry to end")
     assert await status_of(conn, schema, again.id) == "completed"
-    said = [
-        (m.content, m.status)
-        for m in await runrow.transcript(dsn, "c", schema=schema)
-        if m.role == "assistant"
-    ]
-    assert said == [("let me check. ", "complete"), ("done: yes", "complete")]
+    assert await _answers(dsn, schema) == [("let me check. ", "complete"), ("done: yes", "complete")]
     assert calls.names == ["send"]
