@@ -14,6 +14,14 @@ to the agent's start on an idle worker with a hub, ms) and ``cancel`` (``cancel_
 commit to the agent seeing its cancellation, ms). The child uses only API that both
 sides share (``enqueue``, ``cancel_run``, ``Dispatcher``, ``migrate``), so any two
 checkouts since the split of the engine (#19) and before it can be compared.
+
+``--turn-concurrency 1,16,160`` adds ``turn cN``: the agent-shaped turn of issue #39
+(3 ``run.step`` calls, 20 ``run.text`` chunks of 5 characters, ``run.write_message``),
+turns/s. If either side has no ``RunContext.step`` (before #20), both sides run the turn
+without its steps, and the report says so. ``--concurrency`` sets the drains' in-flight
+counts (default 1,4,16); ``--server system`` runs on Debian's stock server (as
+bench/run.py; default: runrow.embedded's choice). bench/baseline.py runs this against
+the pinned baseline.
 """
 
 from __future__ import annotations
@@ -29,12 +37,20 @@ from pathlib import Path
 from typing import Any
 
 CONCURRENCIES = (1, 4, 16)
+STEPS, CHUNKS, CHUNK = 3, 20, "abcde"  # the agent-shaped turn (bench/turn_systems.py)
+
+
+def _drain_size(runs: int, c: int) -> int:
+    """Runs per drain: half of ``runs`` at c=1, ``runs`` x c/4 up to 4 x ``runs`` above."""
+    return runs // 2 if c <= 1 else runs * min(max(1, c // 4), 4)
 
 
 # -- the child: one side, one round ---------------------------------------------------
 
 
-async def _child(conninfo: str, schema: str, runs: int, samples: int, cases: str) -> dict[str, float]:
+async def _child(
+    conninfo: str, schema: str, runs: int, samples: int, cases: str, opts: dict[str, Any]
+) -> dict[str, float]:
     import anyio
 
     import runrow
@@ -46,9 +62,19 @@ async def _child(conninfo: str, schema: str, runs: int, samples: int, cases: str
     started: dict[str, float] = {}
     cancelled: dict[str, float] = {}
 
+    async def tool(k: int) -> dict[str, Any]:
+        return {"tool": k, "ok": True}
+
     async def agent(run: runrow.RunContext) -> None:
         op = run.content["op"]
-        if op == "full":
+        if op == "turn":
+            if opts.get("turn_steps"):
+                for k in range(STEPS):
+                    await run.step("tool", tool, k)  # type: ignore[attr-defined]  # absent before #20
+            for _ in range(CHUNKS):
+                await run.text(CHUNK)
+            await run.write_message({"text": CHUNK * CHUNKS})
+        elif op == "full":
             await run.text("x")
             await run.emit({"type": "tool_call", "name": "noop"})
         elif op == "wake":
@@ -85,23 +111,27 @@ async def _child(conninfo: str, schema: str, runs: int, samples: int, cases: str
                 await c.close()
 
     wanted = set(cases.split(",")) if cases else None
-    for op in ("noop", "full"):
-        for c in CONCURRENCIES:
-            case = f"{'core' if op == 'noop' else 'full'} c{c}"
-            if wanted is not None and case not in wanted:
-                continue
-            n = runs * max(1, c // 4) if c > 1 else runs // 2
-            await enqueue(n, op, f"{op}{c}-")
-            done[0] = 0
-            async with runrow.Dispatcher(conninfo, agent, schema=schema, concurrency=c, **timing):
-                t0, cpu0 = time.monotonic(), time.process_time()
-                while done[0] < n:
-                    await anyio.sleep(0.002)
-                elapsed, cpu = time.monotonic() - t0, time.process_time() - cpu0
-            results[case] = n / elapsed
-            # The worker process's CPU per run: robust to a busy machine, unlike runs/s.
-            # (It includes this loop's 2 ms polls: the same on both sides.)
-            results[f"{case} cpu us/run"] = cpu / n * 1e6
+    plan = [("noop", "core", c) for c in opts.get("concurrency", CONCURRENCIES)]
+    plan += [("full", "full", c) for c in opts.get("concurrency", CONCURRENCIES)]
+    plan += [("turn", "turn", c) for c in opts.get("turn_concurrency", ())]
+    for op, label, c in plan:
+        case = f"{label} c{c}"
+        if wanted is not None and case not in wanted:
+            continue
+        n = _drain_size(runs, c)
+        if op == "turn":  # a turn costs about ten no-op runs' commits
+            n = max(2 * c, n // 4)
+        await enqueue(n, op, f"{op}{c}-")
+        done[0] = 0
+        async with runrow.Dispatcher(conninfo, agent, schema=schema, concurrency=c, **timing):
+            t0, cpu0 = time.monotonic(), time.process_time()
+            while done[0] < n:
+                await anyio.sleep(0.002)
+            elapsed, cpu = time.monotonic() - t0, time.process_time() - cpu0
+        results[case] = n / elapsed
+        # The worker process's CPU per run: robust to a busy machine, unlike runs/s.
+        # (It includes this loop's 2 ms polls: the same on both sides.)
+        results[f"{case} cpu us/run"] = cpu / n * 1e6
 
     if wanted is not None and not wanted & {"wake", "cancel"}:
         return results
@@ -140,9 +170,29 @@ async def _child(conninfo: str, schema: str, runs: int, samples: int, cases: str
 # -- the parent -------------------------------------------------------------------------
 
 
-def _run_side(src: Path, conninfo: str, schema: str, runs: int, samples: int, cases: str) -> dict[str, float]:
+def has_steps(src: Path) -> bool:
+    """Whether the runrow under ``src`` has ``RunContext.step`` (issue #20)."""
     env = {**os.environ, "PYTHONPATH": str(src)}
-    cmd = [sys.executable, __file__, "--child", conninfo, schema, str(runs), str(samples), cases]
+    code = "import runrow; print(hasattr(runrow.RunContext, 'step'))"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    return out.stdout.strip() == "True"
+
+
+def _run_side(
+    src: Path, conninfo: str, schema: str, runs: int, samples: int, cases: str, opts: dict[str, Any]
+) -> dict[str, float]:
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        conninfo,
+        schema,
+        str(runs),
+        str(samples),
+        cases,
+        json.dumps(opts),
+    ]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, timeout=900)
     if out.returncode != 0:
         raise RuntimeError(f"side {src} failed:\n{out.stderr[-3000:]}")
@@ -162,19 +212,47 @@ def main() -> int:
     parser.add_argument(
         "--cases", default="", help="only these, comma-separated (e.g. 'core c1,core c16,wake')"
     )
+    parser.add_argument(
+        "--concurrency", default="1,4,16", help="in-flight counts of the core and full drains"
+    )
+    parser.add_argument(
+        "--turn-concurrency", default="", help="in-flight counts of the agent-shaped turn (none)"
+    )
+    parser.add_argument("--server", help="as bench/run.py: system, embedded or a directory")
     args = parser.parse_args()
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from runrow.embedded import EmbeddedPostgres
 
+    opts: dict[str, Any] = {
+        "concurrency": [int(c) for c in args.concurrency.split(",") if c],
+        "turn_concurrency": [int(c) for c in args.turn_concurrency.split(",") if c],
+    }
+    if opts["turn_concurrency"]:
+        steps = {"a": has_steps(args.a.resolve()), "b": has_steps(args.b.resolve())}
+        opts["turn_steps"] = all(steps.values())
+        if not opts["turn_steps"]:
+            lacking = " and ".join(side.upper() for side, ok in steps.items() if not ok)
+            print(
+                f"turn: side {lacking} has no run.step: both sides run the turn without its 3 steps",
+                flush=True,
+            )
+    bin_dir = None
+    if args.server:
+        from run import bin_dir as find_bin_dir
+
+        bin_dir = find_bin_dir(args.server)
     per: dict[str, dict[str, list[float]]] = {"a": {}, "b": {}}
-    with EmbeddedPostgres() as pg:
+    with EmbeddedPostgres(bin_dir=bin_dir) as pg:
         conninfo = pg.conninfo()
         for r in range(args.rounds):
             order = ("a", "b") if r % 2 == 0 else ("b", "a")
             for side in order:
                 src = args.a if side == "a" else args.b
-                got = _run_side(src.resolve(), conninfo, f"ab_{side}{r}", args.runs, args.samples, args.cases)
+                got = _run_side(
+                    src.resolve(), conninfo, f"ab_{side}{r}", args.runs, args.samples, args.cases, opts
+                )
                 for case, value in got.items():
                     per[side].setdefault(case, []).append(value)
                 print(
@@ -189,7 +267,18 @@ def main() -> int:
         fb = " ".join(f"{v:,.0f}" if v > 50 else f"{v:.1f}" for v in per["b"][case])
         print(f"{case:<16}{a:>12,.1f}{b:>12,.1f}{b / a:>8.3f}   {fa} | {fb}")
     if args.json:
-        args.json.write_text(json.dumps({"a": str(args.a), "b": str(args.b), "cases": summary}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "a": str(args.a),
+                    "b": str(args.b),
+                    "turn_steps": opts.get("turn_steps"),
+                    "server": str(pg.bin_dir),
+                    "cases": summary,
+                },
+                indent=2,
+            )
+        )
     return 0
 
 
@@ -204,7 +293,8 @@ if __name__ == "__main__":
             int(sys.argv[5]),
             sys.argv[6],
         )
-        figures = anyio.run(_child, conninfo, schema, runs, samples, cases, backend="asyncio")
+        child_opts = json.loads(sys.argv[7]) if len(sys.argv) > 7 else {}
+        figures = anyio.run(_child, conninfo, schema, runs, samples, cases, child_opts, backend="asyncio")
         print(json.dumps(figures), flush=True)
         sys.exit(0)
     sys.exit(main())

@@ -114,6 +114,10 @@ async def probe(ci, schema, case):
                     "worker_id": "probe",
                     "now": None,
                     "retry_policy": None,
+                    "version": None,
+                    "same_version": False,
+                    "agent_keys": [],
+                    "serves_default": True,
                 },
             )
             running = await cur.fetchall()
@@ -148,6 +152,10 @@ async def probe(ci, schema, case):
                 "worker_id": "probe",
                 "now": None,
                 "retry_policy": None,
+                "version": None,
+                "same_version": False,
+                "agent_keys": [],
+                "serves_default": True,
             },
             "claim_fifo": {
                 "limit": int(os.environ.get("LIMIT", "4")),
@@ -155,6 +163,10 @@ async def probe(ci, schema, case):
                 "worker_id": "probe",
                 "now": None,
                 "retry_policy": None,
+                "version": None,
+                "same_version": False,
+                "agent_keys": [],
+                "serves_default": True,
             },
             "enqueue": enq,
             "enqueue_gated": {**enq, "max_queued_tenant": 1_000_000, "max_queued_conversation": 1_000},

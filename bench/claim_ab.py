@@ -1,11 +1,11 @@
 """A/B of two versions of the claim statement, alternated call by call in one process.
 
-    git show <commit>:sql/runs.sql > /tmp/runs_old.sql
+    git show <commit>:sql/claims.sql > /tmp/runs_old.sql   # (sql/runs.sql before the split)
     OLDSQL=/tmp/runs_old.sql CASE=a LIMIT=16 N=300 PYTHONPATH=src python bench/claim_ab.py
 
 Seeds a backlog case (bench/scenarios/backlog.py: a, b or c) at 2,000 and at DEPTH
 (100,000) queued, stale and fresh statistics, on the system's server, holds 16 runs
-running, then times OLDSQL's and NEWSQL's (default: this tree's sql/runs.sql) claim as
+running, then times OLDSQL's and NEWSQL's (default: this tree's sql/claims.sql) claim as
 prepared generic plans with JIT off, N calls each, alternating which goes first, each in
 a rolled-back transaction. Prints the medians and new/old. With OLDSQL = NEWSQL it
 reads 1.01: the alternation itself favours neither side.
@@ -31,11 +31,18 @@ import runrow
 from runrow._gateway import statement_text
 from runrow.embedded import EmbeddedPostgres
 
+FRAGMENTS = Path(__file__).resolve().parent.parent / "sql" / "fragments.sql"
+
 
 def load(path, schema):
     text = Path(path).read_text()
     m = re.search(r"-- name: claim\n(.*?)\n-- name: claim_fifo", text, re.S)
     q = m.group(1)
+    # {live_status} and the like: this tree's fragments, written out as runrow/_sql.py does.
+    for block in re.split(r"^-- fragment: ", FRAGMENTS.read_text(), flags=re.M)[1:]:
+        name, _, rest = block.partition("\n")
+        body = "\n".join(line for line in rest.splitlines() if not line.lstrip().startswith("--"))
+        q = q.replace("{" + name.strip() + "}", body.strip())
     return q.replace("{schema}", f'"{schema}"')
 
 
@@ -72,7 +79,7 @@ async def main():
                     (
                         "new",
                         os.environ.get(
-                            "NEWSQL", str(Path(__file__).resolve().parent.parent / "sql" / "runs.sql")
+                            "NEWSQL", str(Path(__file__).resolve().parent.parent / "sql" / "claims.sql")
                         ),
                     ),
                 ):
@@ -92,6 +99,10 @@ async def main():
                             "worker_id": "p",
                             "now": None,
                             "retry_policy": None,
+                            "version": None,
+                            "same_version": False,
+                            "agent_keys": [],
+                            "serves_default": True,
                         },
                     )
                 times = {"old": [], "new": []}
@@ -108,6 +119,10 @@ async def main():
                                     "worker_id": "x",
                                     "now": None,
                                     "retry_policy": None,
+                                    "version": None,
+                                    "same_version": False,
+                                    "agent_keys": [],
+                                    "serves_default": True,
                                 },
                             )
                             got = await cur.fetchall()

@@ -70,7 +70,17 @@ async def _seed(conn: psycopg.AsyncConnection, schema: str, size: int, tenants: 
 
 async def _latency(conn: psycopg.AsyncConnection, query: bytes) -> list[float]:
     out = []
-    params = {"limit": LIMIT, "lease_seconds": 30, "worker_id": "perf", "now": None, "retry_policy": None}
+    params = {
+        "limit": LIMIT,
+        "lease_seconds": 30,
+        "worker_id": "perf",
+        "now": None,
+        "retry_policy": None,
+        "version": None,
+        "same_version": False,
+        "agent_keys": [],
+        "serves_default": True,
+    }
     for _ in range(SAMPLES):
         async with conn.transaction(force_rollback=True):
             t0 = time.perf_counter()
@@ -98,6 +108,10 @@ async def _drain(dsn: str, schema: str, query: bytes, total: int) -> float:
                         "worker_id": "perf",
                         "now": None,
                         "retry_policy": None,
+                        "version": None,
+                        "same_version": False,
+                        "agent_keys": [],
+                        "serves_default": True,
                     },
                 )
                 rows = await cur.fetchall()

@@ -9,7 +9,7 @@ import sys
 import time
 import uuid
 from contextlib import asynccontextmanager, suppress
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -132,6 +132,35 @@ PROFILES = {
         backlog_samples=200,
     ),
 }
+# CI's check that every scenario still runs end to end: one repetition of each, small
+# sizes. Its figures are too small to mean anything; quick and full are for numbers.
+PROFILES["smoke"] = replace(
+    PROFILES["quick"],
+    name="smoke",
+    reps=1,
+    peer_reps=1,
+    runs=300,
+    peer_jobs=300,
+    enqueue_runs=100,
+    latency_samples=10,
+    cancel_samples=3,
+    journal_deltas=500,
+    journal_seconds=1.0,
+    stream_runs=50,
+    stream_seconds=1.0,
+    fanout_tails=200,
+    fanout_idle=1.0,
+    scale_big=10_000,
+    scale_events_big=20_000,
+    scale_samples=20,
+    backlog_depth=10_000,
+    backlog_window=300,
+    backlog_reps=1,
+    backlog_cap=5.0,
+    backlog_samples=10,
+    backlog_big=2_000,
+    backlog_stale_d=False,
+)
 
 
 # -- results ----------------------------------------------------------------------------

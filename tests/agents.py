@@ -121,3 +121,29 @@ async def slow_agent(run: runrow.RunContext) -> None:
 
 demo_agent = DemoAgent()
 """The demo's agent (save_note tool), configured by DATABASE_URL and RUNROW_DEMO_SCHEMA."""
+
+
+async def tree_parent(run: runrow.RunContext) -> None:
+    """Spawns RUNROW_TEST_CHILDREN (default 3) children of agent key ``tree_child``, runs
+    on for RUNROW_TEST_PARENT_PAUSE seconds (default 0), waits for them, and answers with
+    their answers, in order."""
+    n = int(os.environ.get("RUNROW_TEST_CHILDREN", "3"))
+    kids = await run.spawn_many([("tree_child", f"c{i}") for i in range(n)])
+    await anyio.sleep(float(os.environ.get("RUNROW_TEST_PARENT_PAUSE", "0")))
+    results = await run.wait_for_children(kids)
+    await run.write_message([r.get() for r in results])
+
+
+async def tree_child(run: runrow.RunContext) -> None:
+    """Three idempotent steps, each followed by a pause of RUNROW_TEST_STEP_PAUSE seconds,
+    then the answer ``done <content>``."""
+    pause = float(os.environ.get("RUNROW_TEST_STEP_PAUSE", "0"))
+    for i in range(3):
+        await run.idempotent_step(f"s{i}", _named, f"s{i}")
+        await anyio.sleep(pause)
+    await run.write_message(f"done {run.content}")
+
+
+async def _named(name: str) -> str:
+    await anyio.sleep(random.uniform(0, 0.03))
+    return name

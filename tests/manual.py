@@ -13,7 +13,7 @@ from typing import Any
 
 import psycopg
 
-from runrow._gateway import claims, endings, journal, reaper
+from runrow._gateway import _exec, claims, endings, journal, reaper
 from runrow._gateway import lease as _lease
 from runrow._names import Channels
 
@@ -27,6 +27,8 @@ async def claim(
     now: datetime | None = None,
     worker_id: str = "manual",
     retry_policy: str | None = None,
+    version: str | None = None,
+    agent_keys: tuple[str, ...] = (),
 ) -> list[dict[str, Any]]:
     rows = await claims.claim(
         conn,
@@ -37,6 +39,8 @@ async def claim(
         worker_id=worker_id,
         now=now,
         retry_policy=retry_policy,
+        version=version,
+        agent_keys=agent_keys,
     )
     return [r._asdict() for r in rows]
 
@@ -49,7 +53,7 @@ async def heartbeat(
     lease: float = 30.0,
     now: datetime | None = None,
 ) -> dict[uuid.UUID, bool]:
-    return await _lease.heartbeat(conn, schema, runs, lease_seconds=lease, now=now)
+    return await _exec.run(conn, _lease.heartbeat(schema, runs, lease_seconds=lease, now=now))
 
 
 async def append(
@@ -62,12 +66,14 @@ async def append(
     notify: bool = True,
 ) -> bool:
     rows = [(seq, etype, json.dumps(payload)) for seq, etype, payload in events]
-    landed = await journal.append(
+    landed = await _exec.run(
         conn,
-        schema,
-        [journal.Appended(run_id, token, rows)],
-        channels=Channels.for_schema(schema),
-        notify=notify,
+        journal.append(
+            schema,
+            [journal.Appended(run_id, token, rows)],
+            channels=Channels.for_schema(schema),
+            notify=notify,
+        ),
     )
     return run_id in landed
 
@@ -99,7 +105,7 @@ async def finalize(
 async def reap_candidates(
     conn: psycopg.AsyncConnection, schema: str, *, grace: float, now: datetime | None = None
 ) -> list[uuid.UUID]:
-    return await reaper.candidates(conn, schema, grace_seconds=grace, limit=100, now=now)
+    return await _exec.run(conn, reaper.candidates(schema, grace_seconds=grace, limit=100, now=now))
 
 
 async def reap(
@@ -110,8 +116,8 @@ async def reap(
     grace: float,
     now: datetime | None = None,
 ) -> list[uuid.UUID]:
-    ended = await reaper.reap(
-        conn, schema, ids, grace_seconds=grace, channels=Channels.for_schema(schema), now=now
+    ended = await _exec.run(
+        conn, reaper.reap(schema, ids, grace_seconds=grace, channels=Channels.for_schema(schema), now=now)
     )
     return [r.run_id for r in ended]
 
@@ -138,15 +144,11 @@ async def park(
     then parks the run (finalize with status waiting and an input_requested event)."""
     from runrow._gateway import steps
 
-    if not await steps.wait(
+    if not await _exec.run(
         conn,
-        schema,
-        run_id=run_id,
-        claim_token=token,
-        key=key,
-        occurrence=0,
-        position=position,
-        request="null",
+        steps.wait(
+            schema, run_id=run_id, claim_token=token, key=key, occurrence=0, position=position, request="null"
+        ),
     ):
         return False
     ending = endings.Ending(

@@ -478,6 +478,57 @@ async def test_the_documented_example_agents_run(
     assert stub.requests[0]["model"] == "gpt-4.1-mini"
 
 
+@pytest.fixture(scope="module")
+def fake_openai() -> Any:
+    """examples/adapters/fake_openai.py started as docs/howto/adapters.md says, on a free port."""
+    from .demo_support import free_port
+
+    port = free_port()
+    command = [sys.executable, str(EXAMPLES / "fake_openai.py"), str(port)]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) as proc:
+        try:
+            assert proc.stdout is not None
+            assert (
+                proc.stdout.readline().strip()
+                == f"fake OpenAI-compatible server on http://127.0.0.1:{port}/v1"
+            )
+            yield f"http://127.0.0.1:{port}/v1"
+        finally:
+            proc.terminate()
+
+
+@pytest.mark.parametrize(
+    ("example", "needs"),
+    [("openai_chat", "openai"), ("openai_agents_sdk", "agents"), ("pydantic_ai_agent", "pydantic_ai")],
+)
+async def test_the_documented_examples_run_against_the_documented_fake_server(
+    example: str, needs: str, fake_openai: str, dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The page's copy-paste fake is enough to try each example offline: the tool call is
+    journaled around the tool, and the answer (which quotes the tool's result) streams."""
+    pytest.importorskip(needs, reason=f"examples/adapters/{example}.py needs {needs}")
+    spec = importlib.util.spec_from_file_location(f"runrow_fake_{example}", EXAMPLES / f"{example}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for name, value in {
+        "OPENAI_BASE_URL": fake_openai,
+        "OPENAI_API_KEY": "fake",
+        "OPENAI_MODEL": "fake",
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(module, "MODEL", "fake")
+    result = await run_agent(dsn, module.agent, "Weather in Paris?", schema=schema)
+    assert result.status == "completed", result.error
+    assert [(e[0], e[2]) for e in tool_events(result)] == [
+        ("tool_call_started", "get_weather"),
+        ("tool_call_finished", "get_weather"),
+    ]
+    assert result.payloads("tool_call_started")[0]["arguments"] == {"city": "Paris"}
+    assert result.text.startswith("The tool says: ") and "sunny" in result.text, result.text
+    assert result.transcript[-1].content == result.text
+
+
 # -- the demo's agent on a real model ---------------------------------------------------------
 
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from psycopg import sql
 
 import runrow
-from runrow._engine.executor import DEADLINE_ERROR
+from runrow._engine.flight import DEADLINE_ERROR
 from runrow._engine.reaper import reap_expired
 from runrow._gateway import statement_text
 from runrow._models import RunStatus
@@ -26,6 +26,7 @@ from runrow.admin import AdminAccess
 from . import manual
 from .admin_support import admin_client, csrf_of, listed
 from .bulk import seed
+from .helpers import wait_for
 
 pytestmark = pytest.mark.anyio
 
@@ -362,7 +363,9 @@ async def test_every_admin_statement_reads_through_an_index(dsn: str, schema: st
                 assert params["conversation_id"] or not any(n["Node Type"] == "Sort" for n in nodes), params
 
 
-async def test_runrow_web_wants_its_token_or_a_local_caller(dsn: str, schema: str) -> None:
+async def test_runrow_web_wants_its_token_or_a_local_caller(
+    dsn: str, schema: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     import httpx
 
     from runrow.admin._web import is_loopback, serve, web_app
@@ -401,8 +404,9 @@ async def test_runrow_web_wants_its_token_or_a_local_caller(dsn: str, schema: st
         serve(dsn, host="0.0.0.0", port=1, schema=schema, token=None, read_only=False)
     from runrow.cli import main
 
-    with pytest.raises(SystemExit, match="needs a token"):  # the command refuses before it serves
-        main(["web", "--host", "0.0.0.0", "--database-url", dsn, "--schema", schema])
+    # The command refuses before it serves: a usage error, one line naming what is missing.
+    assert main(["web", "--host", "0.0.0.0", "--database-url", dsn, "--schema", schema]) == 2
+    assert "needs a token" in capsys.readouterr().err
 
 
 async def test_the_demo_mounts_the_admin(dsn: str, schema: str) -> None:
@@ -422,6 +426,7 @@ async def test_the_demo_mounts_the_admin(dsn: str, schema: str) -> None:
 
 
 async def test_queue_depth_over_time_counts_queued_runs_until_they_leave(dsn: str, schema: str) -> None:
+    from runrow._gateway import _exec
     from runrow._gateway import admin as gw
 
     queued = await _enqueue(dsn, schema, 5, tenant_id="d1")
@@ -431,10 +436,14 @@ async def test_queue_depth_over_time_counts_queued_runs_until_they_leave(dsn: st
         await c.execute(
             old.format(sql.Identifier(schema, "agent_run")), (queued[1],)
         )  # queued before the window
-        depths = await gw.depth_series(c, schema, tenant_id=None, window_seconds=3600, bucket_seconds=600)
+        depths = await _exec.run(
+            c, gw.depth_series(schema, tenant_id=None, window_seconds=3600, bucket_seconds=600)
+        )
         assert len(depths) == 6 and depths[0] == 1 and depths[-1] == 4, depths
         assert (
-            await gw.depth_series(c, schema, tenant_id="other", window_seconds=3600, bucket_seconds=600)
+            await _exec.run(
+                c, gw.depth_series(schema, tenant_id="other", window_seconds=3600, bucket_seconds=600)
+            )
             == [0] * 6
         )
 
@@ -545,3 +554,92 @@ async def test_every_malformed_query_parameter_gets_400_never_500(
         assert got == (404 if _storable_id(value) else 400), (path, value, got)
     else:  # (204: a cursor at or past an ended run's last event, nothing left to send)
         assert got in (200, 204, 400), (path, name, value, got)
+
+
+async def _parked(dsn: str, schema: str, conn: psycopg.AsyncConnection, timeout: float | None) -> uuid.UUID:
+    """A run that waits for input ``approve`` (with that input timeout, or none)."""
+
+    async def agent(run: runrow.RunContext) -> None:
+        await run.wait_for_input("approve", {"q": "ok?"}, timeout=timeout)
+
+    async with runrow.Dispatcher(dsn, agent, schema=schema, poll=0.2):
+        run = await runrow.enqueue(
+            dsn, schema=schema, conversation_id=f"p-{timeout}", user_id="u", content="x"
+        )
+
+        async def waiting() -> bool:
+            return (await runrow.get_run(dsn, run.id, schema=schema)).status == "waiting"
+
+        await wait_for(waiting, what="the run to park")
+    return run.id
+
+
+async def test_the_timeline_says_until_when_only_a_wait_has_a_deadline(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    """It said "Waiting for input - until" (a dash, then nothing) for a wait without one."""
+    endless = await _parked(dsn, schema, conn, None)
+    timed = await _parked(dsn, schema, conn, 3600)
+    async with admin_client(dsn, schema) as client:
+        endless_html = (await client.get(f"/admin/runs/{endless}")).text
+        timed_html = (await client.get(f"/admin/runs/{timed}")).text
+
+    def waiting_item(html: str) -> str:
+        (item,) = [li for li in html.split("<li>") if "Waiting for input" in li and "timeline" not in li]
+        return item.split("</li>")[0]
+
+    endless_item = waiting_item(endless_html)
+    assert "until" not in endless_item and "no deadline" in endless_item, endless_item
+    timed_item = waiting_item(timed_html)
+    assert "until" in timed_item and "<time " in timed_item, timed_item
+    assert timed_item.index("until") < timed_item.index("<time "), timed_item  # "until <the time>"
+
+
+async def test_a_waiting_run_shows_no_worker(dsn: str, schema: str) -> None:
+    """The worker that parked a run let go of it (it may be long dead): a waiting run, and
+    the queued run it becomes when input comes, show no worker anywhere a run is shown
+    (get_run, list_runs and so the CLI and the HTTP API, the dashboard's pages); a running
+    or ended run shows the worker that held it last."""
+    from runrow.http._turns import run_json
+
+    (rid,) = await _enqueue(dsn, schema, 1, conversation_id="parked")
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c:
+        (claimed,) = await manual.claim(c, schema, worker_id="w-parker")
+        assert (await runrow.get_run(dsn, rid, schema=schema)).worker_id == "w-parker"  # running: its worker
+        assert await manual.park(c, schema, rid, claimed["claim_token"], claimed["last_seq"] + 1, key="ok")
+    info = await runrow.get_run(dsn, rid, schema=schema)
+    assert info.status == "waiting"
+    assert info.worker_id is None
+    listed_runs = await runrow.list_runs(dsn, conversation_id="parked", schema=schema)
+    assert [r.worker_id for r in listed_runs] == [None]
+    assert run_json(info, "/chat")["worker_id"] is None
+    async with admin_client(dsn, schema) as client:
+        for page in ("/admin/", "/admin/conversation?id=parked", f"/admin/runs/{rid}"):
+            assert "w-parker" not in (await client.get(page)).text, page
+    assert await runrow.provide_input(dsn, rid, "ok", True, schema=schema)
+    resumed = await runrow.get_run(dsn, rid, schema=schema)
+    assert (resumed.status, resumed.worker_id) == ("queued", None)
+
+
+async def test_the_workers_page_lists_the_registry_and_the_run_page_its_version(
+    dsn: str, schema: str
+) -> None:
+    (rid,) = await _enqueue(dsn, schema, 1)
+    async with (
+        runrow.Dispatcher(dsn, _quick, schema=schema, version="v-42", poll=0.2) as d,
+        admin_client(dsn, schema) as client,
+    ):
+        await wait_for(lambda: _ended(dsn, schema, rid), what="the run to end")
+        page = (await client.get("/admin/workers")).text
+        assert d.worker_id in page and "v-42" in page and "tests.test_admin._quick" in page
+        assert "<dt>Version v-42</dt><dd>1 worker(s)</dd>" in page
+        run_page = (await client.get(f"/admin/runs/{rid}")).text
+        assert "<dt>Version</dt><dd>v-42</dd>" in run_page
+        scoped = await client.get("/admin/workers", headers={"x-admin": "view:t1"})
+        assert scoped.status_code == 403
+    async with admin_client(dsn, schema) as client:
+        assert "No worker is registered." in (await client.get("/admin/workers")).text
+
+
+async def _ended(dsn: str, schema: str, rid: uuid.UUID) -> bool:
+    return (await runrow.get_run(dsn, rid, schema=schema)).terminal

@@ -41,6 +41,13 @@ async def streaming_agent(run: runrow.RunContext) -> None:
     """Streams WORDS words slowly (or fails at once on "fail"), then answers."""
     if run.content == "fail":
         raise RuntimeError("the tool broke")
+    if run.content == "ask":  # a few words, then it waits for an answer
+        await run.text("may I? ")
+        await run.flush()
+        await anyio.sleep(1.0)  # (time to open its page while it runs)
+        answer = await run.wait_for_input("approve", {"question": "may I?"})
+        await run.write_message(f"answered {answer!r}")
+        return
     await run.emit({"type": "progress", "stage": "thinking"})  # a type of the agent's own
     for i in range(WORDS if run.content == "slow" else 3):
         await run.text(f"word{i} ")
@@ -252,3 +259,99 @@ async def test_another_tenants_data_is_hidden(page: Any, dsn: str, schema: str, 
         await page.goto(f"{base}/acme/health")
         assert "zeta" not in (await page.text_content("main") or "")
         await page.screenshot(path=str(artifacts / "tenant-3-health.png"), full_page=True)
+
+
+async def _badge(page: Any) -> tuple[str, str]:
+    return tuple(  # type: ignore[return-value]
+        await page.evaluate(
+            "() => { const b = document.querySelector('.summary .status'); return [b.textContent, b.className]; }"
+        )
+    )
+
+
+async def test_the_status_badge_follows_the_journal_without_a_reload(
+    page: Any, dsn: str, schema: str, artifacts: Path
+) -> None:
+    """After a cancel, the badge said `running` while the journal said cancelled, until a reload."""
+    async with serve_host(dsn, schema) as base:
+        slow = await _enqueue(dsn, schema, "slow", conversation_id="conv-badge")
+        await page.goto(f"{base}/admin/runs/{slow.id}")
+        await page.wait_for_function("() => document.querySelector('#journal').textContent.includes('word1')")
+        assert await _badge(page) == ("running", "status status-running")
+        await runrow.cancel_run(dsn, slow.id, schema=schema)  # from elsewhere: the page is not reloaded
+        await page.wait_for_function(
+            "() => document.querySelector('#live-status').textContent.includes('cancelled')"
+        )
+        assert await _badge(page) == ("cancelled", "status status-cancelled")
+        await page.screenshot(path=str(artifacts / "badge-1-cancelled.png"), full_page=True)
+
+        # A run that parks: the badge says waiting once its journal asks for input.
+        asking = await _enqueue(dsn, schema, "ask", conversation_id="conv-ask")
+        await page.goto(f"{base}/admin/runs/{asking.id}")
+        await page.wait_for_function("() => document.querySelector('#journal').textContent.includes('may I')")
+        await page.wait_for_function(
+            "() => document.querySelector('#journal li[data-type=input_requested]') !== null"
+        )
+        assert (await _badge(page))[0] == "waiting"
+        await page.screenshot(path=str(artifacts / "badge-2-waiting.png"), full_page=True)
+        await page.goto("about:blank")  # (a waiting run's stream stays open: leave before the server)
+
+
+async def test_a_waiting_run_is_answered_from_its_page_without_a_reload(
+    page: Any, watch: Watch, dsn: str, schema: str, artifacts: Path
+) -> None:
+    """The run page had no way to answer a waiting input."""
+    watch.allow.append("status of 400")  # the malformed value below is refused on purpose
+    async with serve_host(dsn, schema) as base:
+        asking = await _enqueue(dsn, schema, "ask", conversation_id="conv-answer")
+        await page.goto(f"{base}/admin/runs/{asking.id}")
+        await page.evaluate("() => { window.__notReloaded = true; }")
+        # The form appears once the run parks (the page may have been drawn while it ran).
+        await page.wait_for_selector("form.answer")
+        assert (await _badge(page))[0] == "waiting"
+        assert await page.get_by_role("link", name="Cancel this run…").count() == 1
+        assert await page.evaluate(UNLABELLED) == []
+        assert "may I?" in (await page.text_content("#waiting") or "")
+
+        # A value that is not JSON: refused next to the form, what was typed kept.
+        await page.get_by_label("Or answer with a value").fill("{oops")
+        await page.get_by_role("button", name="Send the value").click()
+        await page.wait_for_selector("#waiting [role=alert]")
+        assert "not JSON" in (await page.text_content("#waiting [role=alert]") or "")
+        assert await page.get_by_label("Or answer with a value").input_value() == "{oops"
+        assert (await runrow.get_run(dsn, asking.id, schema=schema)).status == "waiting"
+        await page.screenshot(path=str(artifacts / "answer-1-refused.png"), full_page=True)
+
+        # Approve: the run resumes and completes while the page watches.
+        await page.get_by_role("button", name="Approve").click()
+        await page.wait_for_function(
+            "() => document.querySelector('#live-status').textContent.includes('completed')"
+        )
+        assert await _badge(page) == ("completed", "status status-completed")
+        assert await page.evaluate("() => window.__notReloaded === true")
+        journal = await _journal_text(page)
+        assert "input_provided" in journal and '"approved":true' in journal
+        await page.wait_for_function("() => document.querySelector('form.answer') === null")
+        await page.wait_for_function(
+            "() => !document.querySelector('#actions').textContent.includes('Cancel')"
+        )
+        transcript = await runrow.transcript(dsn, "conv-answer", schema=schema)
+        assert transcript[-1].content == "answered {'approved': True}"
+        await page.screenshot(path=str(artifacts / "answer-2-completed.png"), full_page=True)
+
+
+async def test_cancel_and_retry_follow_the_status_without_a_reload(
+    page: Any, dsn: str, schema: str, artifacts: Path
+) -> None:
+    """After the badge said cancelled, the page still offered Cancel and no Retry until a reload."""
+    async with serve_host(dsn, schema) as base:
+        slow = await _enqueue(dsn, schema, "slow", conversation_id="conv-follow")
+        await page.goto(f"{base}/admin/runs/{slow.id}")
+        await page.wait_for_function("() => document.querySelector('#journal').textContent.includes('word1')")
+        assert await page.get_by_role("link", name="Retry this run…").count() == 0
+        await page.evaluate("() => { window.__notReloaded = true; }")
+        await runrow.cancel_run(dsn, slow.id, schema=schema)
+        await page.get_by_role("link", name="Retry this run…").wait_for()
+        assert await page.get_by_role("link", name="Cancel this run…").count() == 0
+        assert await page.evaluate("() => window.__notReloaded === true")
+        await page.screenshot(path=str(artifacts / "follow-1-retry.png"), full_page=True)

@@ -70,11 +70,29 @@ def _buffers(plan: dict[str, Any]) -> int:
     ids=["claim", "claim-20-tenants", "claim_fifo"],
 )
 @pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
+# (same_version: Dispatcher(resume_policy="same_version"), whose version test each
+# candidate also passes: these fresh runs are any worker's.)
+@pytest.mark.parametrize("same_version", [False, True], ids=["replay", "same-version"])
 async def test_a_claim_after_a_burst_on_stale_statistics_is_not_quadratic(
-    conn: psycopg.AsyncConnection, schema: str, statement: str, tenants: int, generic: bool
+    conn: psycopg.AsyncConnection,
+    schema: str,
+    statement: str,
+    tenants: int,
+    generic: bool,
+    same_version: bool,
 ) -> None:
     await _history_then_burst(conn, schema, tenants)
-    params = {"limit": 4, "lease_seconds": 30.0, "worker_id": "plan-test", "now": None, "retry_policy": None}
+    params = {
+        "limit": 4,
+        "lease_seconds": 30.0,
+        "worker_id": "plan-test",
+        "now": None,
+        "retry_policy": None,
+        "version": None,
+        "same_version": same_version,
+        "agent_keys": [],
+        "serves_default": True,
+    }
     query = statement_text(statement, schema)
     async with conn.transaction(force_rollback=True):
         if generic:

@@ -162,6 +162,16 @@ async def _turns(page: Any) -> list[dict[str, str]]:
     )
 
 
+async def _empty_boxes(page: Any) -> list[str]:
+    """Parts of turn cards that take room on the screen but show nothing."""
+    return await page.evaluate(  # type: ignore[no-any-return]
+        """() => [...document.querySelectorAll('.turn')].flatMap(t =>
+            [...t.querySelectorAll('.user, .tools, .approvals, .answer, .error')]
+              .filter(e => e.offsetHeight > 0 && !e.textContent.trim())
+              .map(e => `${t.dataset.runId} .${e.className.split(' ')[0]}`))"""
+    )
+
+
 async def _wait_for(page: Any, js: str, arg: Any = None, timeout: float = 20.0) -> None:
     await page.wait_for_function(js, arg=arg, timeout=timeout * 1000)
 
@@ -265,6 +275,15 @@ async def test_stop_cancels_the_run_and_returns_the_queued_draft(page: Any, dsn:
         assert 0 < len(turns[0]["answer"]) < len(answer_for("tell me a long story"))
         await _wait_for(page, "() => document.querySelector('#stop').disabled")  # nothing left to stop
         await page.screenshot(path=str(ARTIFACTS / "stop-2-after.png"))
+        # The returned message's card is one line saying so: no empty answer box under it,
+        # neither now nor read from the server after a reload.
+        assert await _empty_boxes(page) == []
+        await page.evaluate("() => sessionStorage.clear()")
+        await page.reload()
+        await _wait_for(page, "() => document.querySelectorAll('.turn .status').length === 2")
+        assert (await _turns(page))[1]["user"] == "(message returned to the composer)"
+        assert await _empty_boxes(page) == []
+        await page.fill("#composer", "and a follow-up question")
         # Sending the draft again starts a new turn that runs to the end.
         await page.click("#send")
         await _wait_for(page, "() => document.querySelectorAll('.turn').length === 3")
@@ -519,3 +538,25 @@ async def test_an_unanswered_approval_expires(page: Any, dsn: str, schema: str) 
         assert card["tools"].endswith(": not run (no approval)"), card
         assert await _stop_disabled(page)
         await page.screenshot(path=str(ARTIFACTS / "approval-6-expired.png"))
+
+
+async def test_the_page_fits_a_phone_screen(watch: Watch, dsn: str, schema: str) -> None:
+    """390 px wide (a phone, upright): nothing scrolls sideways, with an answer, a tool
+    call and an approval card on the page."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    width = 390
+    scroll_width = "() => document.scrollingElement.scrollWidth"
+    async with serve_demo(dsn, schema) as base, watched_page(watch, width=width, height=844) as page:
+        await page.goto(f"{base}/?user=phone&conversation=a-phone-sized-conversation")
+        await _wait_for(page, "() => !document.querySelector('#empty').hidden")
+        assert await page.evaluate(scroll_width) <= width
+        # A long word (a link) in the question, its tool call's JSON and the answer's echo of it.
+        await page.fill("#composer", "read https://example.com/docs/runrow/howto/a-long-path-to-a-page")
+        await page.click("#send")
+        await _wait_for(page, "() => document.querySelector('.turn .status')?.textContent === 'completed'")
+        assert await page.evaluate(scroll_width) <= width
+        await page.fill("#composer", "send https://example.com/docs/runrow/howto/a-rather-long-path to bob")
+        await page.click("#send")
+        await _wait_for_pending_card(page)
+        await page.screenshot(path=str(ARTIFACTS / "phone-390.png"), full_page=True)
+        assert await page.evaluate(scroll_width) <= width

@@ -51,4 +51,4 @@ async def test_the_django_example_project_passes_its_tests(dsn: str, schema: str
     )
     out = done.stdout.decode() + done.stderr.decode()
     assert done.returncode == 0, out
-    assert re.search(r"\b8 passed", out) and "skipped" not in out, out
+    assert re.search(r"\b9 passed", out) and "skipped" not in out, out

@@ -308,7 +308,17 @@ async def _explain_claim(conn: psycopg.AsyncConnection, schema: str) -> dict[str
     async with conn.transaction(force_rollback=True):  # EXPLAIN ANALYZE really claims: undo it
         cur = await conn.execute(
             query,
-            {"limit": 8, "lease_seconds": 30, "worker_id": "explain", "now": None, "retry_policy": None},
+            {
+                "limit": 8,
+                "lease_seconds": 30,
+                "worker_id": "explain",
+                "now": None,
+                "retry_policy": None,
+                "version": None,
+                "same_version": False,
+                "agent_keys": [],
+                "serves_default": True,
+            },
         )
         row = await cur.fetchone()
     assert row is not None

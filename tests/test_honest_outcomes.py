@@ -54,6 +54,8 @@ async def test_an_agent_error_with_an_unstorable_message_is_recorded_and_the_wor
         assert d.get_stats()["failed"] == 3 and d.get_stats()["completed"] == 1
     rows = {c: await run_row(conn, schema, r.id) for c, r in runs.items()}
     assert rows["fine"]["status"] == "completed"
+    for c in raised:  # each traceback was stored too, made storable like the message
+        assert "Traceback (most recent call last)" in rows[c]["error"].pop("traceback")
     assert rows["nul"]["error"] == {"type": "RuntimeError", "message": "bad\ufffdbyte"}
     assert rows["surrogate"]["error"] == {"type": "RuntimeError", "message": "lone ? half"}
     assert rows["unprintable"]["error"] == {

@@ -16,6 +16,7 @@ from typing import Any
 
 import anyio
 import httpx
+import psycopg
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -29,6 +30,7 @@ from runrow._json import check_id
 from runrow.http import create_api
 from runrow.http._chat import client_key
 
+from . import manual
 from .demo_support import read_sse, serve_asgi
 
 pytestmark = pytest.mark.anyio
@@ -123,6 +125,25 @@ async def test_the_openapi_document_is_generated_from_every_route(dsn: str, sche
                 ref = response.get("content", {}).get("application/json", {}).get("schema", {}).get("$ref")
                 if ref is not None:
                     assert ref.rsplit("/", 1)[1] in doc["components"]["schemas"], ref
+
+
+async def test_the_run_resource_has_the_fields_its_schema_documents_with_its_version(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    api, pool = _api(dsn, schema)
+    async with (
+        pool,
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=api), base_url="http://api") as client,
+    ):
+        run_id = (
+            await client.post("/v1/conversations/v/messages", json={"content": "x"}, headers=_as("alice"))
+        ).json()["run_id"]
+        assert (await client.get(f"/v1/runs/{run_id}", headers=_as("alice"))).json()["version"] is None
+        await manual.claim(conn, schema, version="2026.2")
+        run = (await client.get(f"/v1/runs/{run_id}", headers=_as("alice"))).json()
+        documented = (await client.get("/openapi.json")).json()["components"]["schemas"]["Run"]["properties"]
+    assert set(run) == set(documented)
+    assert run["version"] == "2026.2"
 
 
 async def test_a_new_conversation_goes_to_one_of_two_racing_first_posters(dsn: str, schema: str) -> None:

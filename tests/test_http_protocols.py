@@ -321,6 +321,7 @@ async def test_a_failed_runs_error_reaches_both_protocols_clients(
         run_id = resp.headers["x-runrow-run-id"]
         info = await runrow.get_run(pool, run_id, schema=schema)
         assert info.status == "failed"
+        assert info.error is not None and "QuotaExceeded" in info.error.pop("traceback")
         assert info.error == {"type": "QuotaExceeded", "message": "over the model's quota (3 requests/s)"}
         said = "QuotaExceeded: over the model's quota (3 requests/s)"
         events = await journal_of(pool, run_id, schema)

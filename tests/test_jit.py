@@ -231,7 +231,17 @@ async def test_a_deep_queue_never_compiles_the_claim_on_stock_settings(stock: Em
     async with await psycopg.AsyncConnection.connect(dsn) as plain:
         cur = await plain.execute(
             b"EXPLAIN (ANALYZE, FORMAT TEXT) " + claim,
-            {"limit": 16, "lease_seconds": 30, "worker_id": "explain", "now": None, "retry_policy": None},
+            {
+                "limit": 16,
+                "lease_seconds": 30,
+                "worker_id": "explain",
+                "now": None,
+                "retry_policy": None,
+                "version": None,
+                "same_version": False,
+                "agent_keys": [],
+                "serves_default": True,
+            },
         )
         plan = "\n".join(r[0] for r in await cur.fetchall())
         await plain.rollback()

@@ -1,7 +1,8 @@
 """The package's layout holds: imports run one way, modules stay small, SQL goes through the gateway.
 
 The import graph counts function-level imports too (a cycle hidden in a function still
-ties two modules together), but not imports under ``if TYPE_CHECKING:``, which never run.
+ties two modules together) and imports under ``if TYPE_CHECKING:`` (they never run, but
+two modules that name each other's types are still one tangle to read and to change).
 """
 
 from __future__ import annotations
@@ -36,13 +37,14 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    """The runrow modules ``name`` imports when it runs (at import time or in a function)."""
+def _imports(name: str, path: Path, modules: dict[str, Path], *, type_only: bool = True) -> set[str]:
+    """The runrow modules ``name`` imports: when it runs (at import time or in a
+    function) and, unless ``type_only`` is False, for its type annotations."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     targets: set[str] = set()
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node.test):
+        if not type_only and isinstance(node, ast.If) and _is_type_checking(node.test):
             for child in node.orelse:
                 visit(child)
             return
@@ -115,7 +117,16 @@ def test_imports_run_one_way() -> None:
 def test_the_cycle_check_finds_a_cycle() -> None:
     graph = _graph()
     graph["runrow._gateway.claims"].add("runrow._engine.claimer")  # as if the gateway imported the engine
-    assert ["runrow._engine.claimer", "runrow._gateway.claims"] in _cycles(graph)
+    # (The cycle pulls in whatever else lies on a path between the two.)
+    assert any({"runrow._engine.claimer", "runrow._gateway.claims"} <= set(c) for c in _cycles(graph))
+
+
+def test_type_only_imports_count() -> None:
+    modules = _modules()
+    path = modules["runrow._observe"]
+    assert "if TYPE_CHECKING:" in path.read_text(encoding="utf-8")
+    assert "runrow._engine.view" in _imports("runrow._observe", path, modules)
+    assert "runrow._engine.view" not in _imports("runrow._observe", path, modules, type_only=False)
 
 
 def test_function_level_imports_count() -> None:
@@ -131,6 +142,52 @@ def test_the_gateway_and_the_engine_depend_one_way() -> None:
             assert not {t for t in targets if t.startswith("runrow._engine")}, name
 
 
+def _active_run_fields() -> set[str]:
+    from runrow._engine.flight import ActiveRun
+
+    return set(ActiveRun.__slots__)
+
+
+def _writes_to_active_runs(tree: ast.AST, fields: set[str]) -> list[str]:
+    """``x.field = ...`` (or ``+=``, or a tuple target) with ``field`` one of ActiveRun's,
+    outside a class's own ``self.field`` (another class's attribute of the same name)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        else:
+            continue
+        for target in targets:
+            for t in ast.walk(target):
+                if (
+                    isinstance(t, ast.Attribute)
+                    and t.attr in fields
+                    and not (isinstance(t.value, ast.Name) and t.value.id == "self")
+                ):
+                    found.append(f"line {t.lineno}: {ast.unparse(t)}")
+    return found
+
+
+def test_only_the_roster_writes_a_run_in_flight() -> None:
+    """An ActiveRun has one writer, the roster; the others read it (its own constructor
+    in flight.py fills it in). Only the engine ever holds one."""
+    fields = _active_run_fields()
+    for name, path in _modules().items():
+        if not name.startswith("runrow._engine.") or name == "runrow._engine.roster":
+            continue
+        writes = _writes_to_active_runs(ast.parse(path.read_text(encoding="utf-8")), fields)
+        assert not writes, f"{name} writes to an ActiveRun: {writes}"
+
+
+def test_the_write_check_sees_a_write() -> None:
+    fields = _active_run_fields()
+    tree = ast.parse("def f(active):\n    active.phase = 'released'\n    a.reason, b = None, 1\n")
+    assert _writes_to_active_runs(tree, fields) == ["line 2: active.phase", "line 3: a.reason"]
+    assert _writes_to_active_runs(ast.parse("self.phase = 1\nx.other = 2\n"), fields) == []
+
+
 @pytest.mark.parametrize("name", sorted(_modules()))
 def test_modules_stay_small(name: str) -> None:
     path = _modules()[name]
@@ -139,6 +196,64 @@ def test_modules_stay_small(name: str) -> None:
     assert lines <= 400 or rel in LONG_MODULES, (
         f"{rel} has {lines} lines: split it, or state why in LONG_MODULES"
     )
+
+
+# The gateway's one convention (see runrow/_gateway/__init__.py): a function that runs SQL
+# is a plan, run by _exec.run or _exec.run_sync; it takes no connection. The exceptions,
+# each the hot path's own: the claim's raw positional cursor and the ending's pipeline.
+GATEWAY_TAKES_A_CONNECTION = {
+    "runrow._gateway.claims": {"claim", "fetch", "rows_cursor"},
+    "runrow._gateway.endings": {"finalize", "finalize_then_claim", "unset_session_bound"},
+}
+
+
+def _gateway_functions() -> dict[str, dict[str, object]]:
+    import importlib
+    import inspect
+
+    found: dict[str, dict[str, object]] = {}
+    for name in _modules():
+        if not name.startswith("runrow._gateway.") or name.rsplit(".", 1)[1].startswith("_"):
+            continue
+        module = importlib.import_module(name)
+        found[name] = {
+            fname: fn
+            for fname, fn in inspect.getmembers(module, inspect.isfunction)
+            if fn.__module__ == name and not fname.startswith("_")
+        }
+    return found
+
+
+def _takes_a_connection(fn: object) -> bool:
+    import inspect
+
+    assert callable(fn)
+    if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+        return True
+    params = inspect.signature(fn).parameters.values()
+    return any(
+        p.name in {"conn", "connection", "cur", "cursor"} or "Connection" in str(p.annotation) for p in params
+    )
+
+
+def test_the_gateway_has_one_calling_convention() -> None:
+    import inspect
+
+    functions = _gateway_functions()
+    assert len(functions) > 10
+    plans = 0
+    for module, named in functions.items():
+        allowed = GATEWAY_TAKES_A_CONNECTION.get(module, set())
+        assert allowed <= set(named), f"{module}: no such functions {allowed - set(named)}"
+        for name, fn in named.items():
+            if name in allowed:
+                assert _takes_a_connection(fn), f"{module}.{name} is a plan now: drop it from the list"
+                continue
+            assert not _takes_a_connection(fn), (
+                f"{module}.{name} takes a connection: make it a plan (see runrow/_gateway/__init__.py)"
+            )
+            plans += inspect.isgeneratorfunction(fn)
+    assert plans > 40
 
 
 def test_the_sql_speaks_the_event_vocabulary() -> None:

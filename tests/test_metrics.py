@@ -262,3 +262,28 @@ async def test_retries_are_counted_by_attempt(dsn: str, schema: str, conn: psyco
     assert registry.get_sample_value("runrow_runs_started_total") == 3
     assert registry.get_sample_value("runrow_retries_started_total", {"attempt": "2"}) == 1
     assert registry.get_sample_value("runrow_retries_started_total", {"attempt": "3"}) == 1
+
+
+async def _idle(run: runrow.RunContext) -> None:
+    await run.write_message("ok")
+
+
+async def test_live_workers_are_counted_per_version(dsn: str, schema: str) -> None:
+    registry = CollectorRegistry()
+    app = with_metrics(_not_found, registry=registry)
+    collector = QueueCollector(dsn, schema=schema, interval=0.05, registry=registry)
+    async with collector:
+        async with (
+            runrow.Dispatcher(dsn, _idle, schema=schema, version="old", notifications=False),
+            runrow.Dispatcher(dsn, _idle, schema=schema, version="new", notifications=False),
+            runrow.Dispatcher(dsn, _idle, schema=schema, version="new", notifications=False),
+        ):
+            seen = collector.refreshes
+            await wait_for(lambda: collector.refreshes >= seen + 1, what="a refresh")
+            found = await scrape(app)
+            assert value(found, "runrow_workers", version="old") == 1
+            assert value(found, "runrow_workers", version="new") == 2
+        seen = collector.refreshes
+        await wait_for(lambda: collector.refreshes >= seen + 1, what="a refresh after the stops")
+        found = await scrape(app)
+        assert value(found, "runrow_workers", version="old") == 0  # drained: 0, not gone

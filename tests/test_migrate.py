@@ -13,6 +13,7 @@ import pytest
 from psycopg import sql
 
 import runrow
+from runrow._gateway import _exec
 from runrow._gateway import schema as gateway_schema
 
 from .helpers import table
@@ -24,12 +25,14 @@ async def test_fresh_schema_reaches_latest_and_rerun_is_a_noop(
     dsn: str, schema_name: str, conn: psycopg.AsyncConnection
 ) -> None:
     try:
-        assert await runrow.migrate(dsn, schema=schema_name) == list(range(1, runrow.latest_version() + 1))
+        assert await runrow.migrate(dsn, schema=schema_name) == [
+            m.version for m in gateway_schema.migrations()
+        ]
         assert await runrow.migrate(dsn, schema=schema_name) == []
         cur = await conn.execute(
             sql.SQL("SELECT version FROM {}").format(table(schema_name, "schema_version"))
         )
-        assert [r[0] for r in await cur.fetchall()] == list(range(1, runrow.latest_version() + 1))
+        assert [r[0] for r in await cur.fetchall()] == [m.version for m in gateway_schema.migrations()]
     finally:
         await conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema_name)))
 
@@ -61,7 +64,7 @@ def test_concurrent_migrate_from_four_processes(dsn: str, schema_name: str) -> N
         applied = [eval(o.strip()) for o, _ in outs]
         # Every version applied exactly once, by whichever process got there first.
         flat = sorted(v for lst in applied for v in lst)
-        assert flat == list(range(1, runrow.latest_version() + 1))
+        assert flat == [m.version for m in gateway_schema.migrations()]
     finally:
         with psycopg.connect(dsn, autocommit=True) as c:
             c.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema_name)))
@@ -72,20 +75,20 @@ async def test_out_of_date_schema_is_reported_with_the_fix(
 ) -> None:
     # Pretend this runrow knows one more migration than the database has.
     real = gateway_schema.migrations()
-    extra = (*real, gateway_schema.Migration(len(real) + 1, "future", "SELECT 1"))
+    extra = (*real, gateway_schema.Migration(real[-1].version + 1, "future", "SELECT 1"))
     try:
         await runrow.migrate(dsn, schema=schema_name)
         monkeypatch.setattr(gateway_schema, "migrations", lambda: extra)
         from runrow._gateway.schema import require as require_schema
 
         with pytest.raises(runrow.SchemaOutOfDate, match="runrow migrate") as info:
-            await require_schema(conn, schema_name)
-        assert (info.value.found, info.value.expected) == (len(real), len(real) + 1)
+            await _exec.run(conn, require_schema(schema_name))
+        assert (info.value.found, info.value.expected) == (real[-1].version, real[-1].version + 1)
         # And the other way round: a database newer than the code says to upgrade runrow.
         await runrow.migrate(dsn, schema=schema_name)
         monkeypatch.setattr(gateway_schema, "migrations", lambda: real)
         with pytest.raises(runrow.SchemaOutOfDate, match="upgrade the runrow package"):
-            await require_schema(conn, schema_name)
+            await _exec.run(conn, require_schema(schema_name))
         with pytest.raises(runrow.SchemaOutOfDate):
             await runrow.migrate(dsn, schema=schema_name)
     finally:

@@ -68,7 +68,17 @@ async def _claim(
     cur = conn.cursor(row_factory=psycopg.rows.dict_row)
     await cur.execute(
         statement_text(name, schema),
-        {"limit": 5, "lease_seconds": 30, "worker_id": "t", "now": now, "retry_policy": None},
+        {
+            "limit": 5,
+            "lease_seconds": 30,
+            "worker_id": "t",
+            "now": now,
+            "retry_policy": None,
+            "version": None,
+            "same_version": False,
+            "agent_keys": [],
+            "serves_default": True,
+        },
     )
     return await cur.fetchall()
 

@@ -122,6 +122,30 @@ def test_a_wrong_expectation_about_the_transcript_fails(sample: Path, dsn: str) 
     assert "1 failed" in out.stdout and "assert 'Hello!' == 'Goodbye!'" in out.stdout, out.stdout
 
 
+def test_a_run_that_fails_shows_the_agents_traceback_in_the_failing_test(sample: Path, dsn: str) -> None:
+    (sample / "tests" / "test_broken.py").write_text(
+        "import pytest\n\n\n"
+        "def look_up(city):\n"
+        "    return {'Paris': 'sunny'}[city]\n\n\n"
+        "async def broken_agent(run):\n"
+        "    await run.text(look_up(run.content))\n\n\n"
+        "@pytest.mark.anyio\n"
+        "async def test_expects_it_to_complete(runrow_run_agent):\n"
+        "    result = await runrow_run_agent(broken_agent, 'Oslo')\n"
+        "    assert result.traceback is not None and 'in look_up' in result.traceback\n"
+        "    assert result.status == 'completed'\n",
+        encoding="utf-8",
+    )
+    out = _pytest(sample, "tests/test_broken.py", env={URL_ENV: dsn})
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "1 failed" in out.stdout, out.stdout
+    # The report shows where the agent failed, as a traceback, not just "KeyError: 'Oslo'".
+    report = out.stdout
+    assert "Traceback (most recent call last):" in report, report
+    assert "in broken_agent" in report and "in look_up" in report, report
+    assert "return {'Paris': 'sunny'}[city]" in report, report
+
+
 @pytest.fixture
 def server_tmp() -> Iterator[Path]:
     """A temporary folder (TMPDIR) for the subprocess alone, so that its servers can be

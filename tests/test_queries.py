@@ -60,6 +60,27 @@ async def _cli(dsn: str, schema: str, *args: str, code: int = 0) -> subprocess.C
     return out
 
 
+async def test_runs_list_has_a_header_row_over_its_columns_and_json_has_none(dsn: str, schema: str) -> None:
+    for conversation in ("c", "a-much-longer-conversation-id"):
+        await runrow.enqueue(dsn, schema=schema, conversation_id=conversation, user_id="u", content="hi")
+    header, *lines = (await _cli(dsn, schema, "runs", "list")).stdout.splitlines()
+    assert len(lines) == 2
+    for name, column in (("STATUS", "queued"), ("CONVERSATION", None), ("CREATED", None)):
+        at = header.index(name)
+        for line in lines:  # each column starts under its name
+            assert line[at - 2 : at] == "  " and line[at] != " ", (header, line)
+            if column:
+                assert line[at:].startswith(column)
+    assert {line[header.index("CONVERSATION") :].split()[0] for line in lines} == {
+        "c",
+        "a-much-longer-conversation-id",
+    }
+    listed = json.loads((await _cli(dsn, schema, "runs", "list", "--json")).stdout)
+    assert len(listed) == 2  # one JSON document, no header
+    empty = await _cli(dsn, schema, "runs", "list", "--status", "failed")
+    assert empty.stdout == "(no runs)\n"
+
+
 async def test_cli_reads_and_stops(dsn: str, schema: str) -> None:
     async def cli(*args: str) -> str:
         return (await _cli(dsn, schema, *args)).stdout
@@ -74,7 +95,8 @@ async def test_cli_reads_and_stops(dsn: str, schema: str) -> None:
     assert "nothing to do" in await cli("runs", "cancel", str(run.id))
     assert "created run" in await cli("runs", "retry", str(run.id))
     # The retry is the turn's second attempt, in the first run's lineage.
-    retry_line, first_line = (await cli("runs", "list")).splitlines()
+    header, retry_line, first_line = (await cli("runs", "list")).splitlines()
+    assert header.split() == ["RUN", "ID", "STATUS", "CONVERSATION", "CREATED"]
     assert "attempt 2" in retry_line and "attempt" not in first_line
     (retry,) = [r for r in json.loads(await cli("runs", "list", "--json")) if r["id"] != str(run.id)]
     assert (retry["attempt"], retry["lineage_id"]) == (2, str(run.id))

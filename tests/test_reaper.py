@@ -14,10 +14,10 @@ import psycopg
 import pytest
 
 import runrow
-from runrow import _json
-from runrow._engine.executor import DEADLINE_ERROR
+from runrow import _json, testing
+from runrow._engine.flight import DEADLINE_ERROR
 from runrow._engine.reaper import reap_expired
-from runrow._gateway import endings
+from runrow._gateway import _exec, endings
 
 from . import manual
 from .helpers import (
@@ -205,7 +205,7 @@ async def test_a_reaped_deadline_ending_is_not_read_back_as_the_worker_s_own(
     dsn: str, schema: str, conn: psycopg.AsyncConnection
 ) -> None:
     """A worker whose ending lost its answer reads back whether the recorded ending is its
-    own (sql/runs.sql ending_landed). The reaper's deadline ending has the same status,
+    own (sql/endings.sql ending_landed). The reaper's deadline ending has the same status,
     error, seq and claim token as the worker's would; its terminal event tells them apart."""
     run = await runrow.enqueue(
         dsn, schema=schema, conversation_id="c", user_id="u", content="x", deadline=timedelta(seconds=10)
@@ -229,9 +229,9 @@ async def test_a_reaped_deadline_ending_is_not_read_back_as_the_worker_s_own(
             events=[(seq, "complete", _json.dumps(terminal, "event"))],
         )
 
-    assert await endings.landed(conn, schema, ending(worker_s)) is None
+    assert await _exec.run(conn, endings.landed(schema, ending(worker_s))) is None
     # The read-back does say yes to the ending actually recorded (and what it recorded).
-    assert await endings.landed(conn, schema, ending(recorded)) == "failed"
+    assert await _exec.run(conn, endings.landed(schema, ending(recorded))) == "failed"
 
 
 async def test_reaper_fails_an_orphan_and_the_next_turn_runs(
@@ -248,10 +248,15 @@ async def test_reaper_fails_an_orphan_and_the_next_turn_runs(
     assert await manual.append(
         conn, schema, orphan.id, claimed["claim_token"], [(3, "content_delta", {"delta": "half"})]
     )
-    async with runrow.Dispatcher(dsn, agent, schema=schema, **{**FAST, "grace": 0.3}) as d:
-        await wait_for(lambda: is_terminal(conn, schema, orphan.id), what="the orphan to be reaped")
-        await wait_for(lambda: ran == ["next"], what="the next turn")
-        await wait_for(lambda: d.get_stats()["reaped"] == 1, what="the reap counted")
+    d = runrow.Dispatcher(dsn, agent, schema=schema, **{**FAST, "grace": 0.3})
+    sig = testing.signals(d)
+    async with d:
+        # This dispatcher's own reaper ends the orphan, then the next turn is claimed
+        # and completes.
+        await sig.reaped.wait(lambda ids: orphan.id in ids)
+        await sig.claimed.wait(lambda ids: nxt.id in ids)
+        assert (await sig.ended.wait(lambda e: e.run_id == nxt.id)).recorded == "completed"
+        assert ran == ["next"] and d.get_stats()["reaped"] == 1
     row = await run_row(conn, schema, orphan.id)
     assert row["status"] == "failed" and row["error"]["type"] == "worker_lost"
     evs = await assert_journal_sound(conn, schema, orphan.id)

@@ -53,7 +53,9 @@ def _before_newest_migration() -> str:
     """The commit before the one that added the newest migration (HEAD while that
     migration is not committed yet)."""
     newest = max((ROOT / "sql" / "migrations").glob("*.sql")).relative_to(ROOT).as_posix()
-    added = _git("log", "-1", "--diff-filter=A", "--format=%H", "--", newest)
+    # (Along the first parents, each merge diffed against its first: a migration a
+    # merge brought in, or renamed on the way, is added by that merge.)
+    added = _git("log", "-1", "-m", "--first-parent", "--diff-filter=A", "--format=%H", "--", newest)
     return f"{added}^" if added else "HEAD"
 
 

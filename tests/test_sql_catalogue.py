@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import ast
 import re
-import subprocess
-import sys
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -67,6 +64,38 @@ def test_statements_convert_to_positional_placeholders() -> None:
 def test_duplicate_names_are_rejected() -> None:
     with pytest.raises(RuntimeError, match="defined twice"):
         _sql._parse("-- name: a\nSELECT 1\n-- name: a\nSELECT 2\n", "x.sql")
+
+
+def test_every_fragment_is_used_and_every_placeholder_is_one() -> None:
+    """Fragments (``-- fragment: name``, taken as ``{name}``) are written out at load:
+    none is left unused, no statement keeps a ``{name}`` other than ``{schema}``, and an
+    unknown one is refused when the statements load."""
+    raw = "\n".join(p.read_text(encoding="utf-8") for p in (ROOT / "sql").glob("*.sql"))
+    fragments = _sql.fragments()
+    assert "live_status" in fragments
+    for name in fragments:
+        assert f"{{{name}}}" in raw, f"the fragment {name!r} is used by no statement"
+    for name, text in _sql.statements().items():
+        assert set(re.findall(r"\{([a-z_0-9]+)\}", text)) <= {"schema"}, name
+    with pytest.raises(RuntimeError, match="no SQL fragment named 'nope'"):
+        _sql._expand("s", "SELECT {nope} FROM {schema}.t", fragments)
+    assert _sql._expand("s", "WHERE status IN {live_status}", fragments) == (
+        f"WHERE status IN {fragments['live_status']}"
+    )
+
+
+def test_no_statement_spells_a_fragment_by_hand() -> None:
+    """A fragment's text appears in the statements only where they take it: a copy
+    written out by hand (which could drift from the fragment) fails here."""
+    files = sorted((ROOT / "sql").glob("*.sql"))
+    for name, body in _sql.fragments().items():
+        squeezed = "".join(body.split())  # (blanks apart, as the server reads it)
+        for path in files:
+            parsed = _sql._parse(path.read_text(encoding="utf-8"), path.name)
+            for statement, text in parsed.statements.items():
+                assert squeezed not in "".join(text.split()), (
+                    f"{path.name}: {statement} spells {name!r} by hand"
+                )
 
 
 def test_migrations_are_numbered_without_gaps() -> None:
@@ -143,20 +172,3 @@ def test_the_gateway_check_sees_every_way_to_reach_sql() -> None:
 def test_only_the_gateway_reaches_sql() -> None:
     offenders = _sql_offenders()
     assert not offenders, f"only runrow/_gateway may use runrow._sql: {offenders}"
-
-
-@pytest.mark.slow
-def test_wheel_carries_every_sql_file(tmp_path: Path) -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(tmp_path), str(ROOT)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    (wheel,) = tmp_path.glob("runrow-*.whl")
-    names = set(zipfile.ZipFile(wheel).namelist())
-    expected = {f"runrow/sql/{p.relative_to(ROOT / 'sql').as_posix()}" for p in (ROOT / "sql").rglob("*.sql")}
-    assert expected, "no sql files found in the checkout"
-    assert expected <= names, f"missing from the wheel: {sorted(expected - names)}"
-    assert "runrow/py.typed" in names

@@ -440,8 +440,8 @@ async def test_a_stopped_failure_is_not_retried_and_reads_back_as_cancelled(
 ) -> None:
     """At the statement: a retryable failure of a run whose stop is asked for lands as
     cancelled with no retry, and a worker whose answer was lost reads back that its own
-    ending landed, as cancelled (sql/runs.sql finalize and ending_landed)."""
-    from runrow._gateway import endings
+    ending landed, as cancelled (sql/endings.sql finalize and ending_landed)."""
+    from runrow._gateway import _exec, endings
 
     from .test_retry import NOW
 
@@ -462,7 +462,7 @@ async def test_a_stopped_failure_is_not_retried_and_reads_back_as_cancelled(
     channels = runrow._names.Channels.for_schema(schema)
     assert await endings.finalize(conn, schema, [ending], channels=channels) == {run.id: "cancelled"}
     assert await endings.finalize(conn, schema, [ending], channels=channels) == {}  # sticky
-    assert await endings.landed(conn, schema, ending) == "cancelled"
+    assert await _exec.run(conn, endings.landed(schema, ending)) == "cancelled"
     runs = await runrow.list_runs(dsn, schema=schema, conversation_id="c")
     assert [(r.id, r.status) for r in runs] == [(run.id, "cancelled")]  # no retry queued
     evs = await assert_journal_sound(conn, schema, run.id)

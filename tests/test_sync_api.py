@@ -27,6 +27,14 @@ from .test_enqueue import BAD_INPUTS
 
 pytestmark = pytest.mark.anyio
 
+SCHEDULE_APIS = (
+    "add_schedule",
+    "list_schedules",
+    "next_fires",
+    "pause_schedule",
+    "remove_schedule",
+    "resume_schedule",
+)
 APIS = (
     "cancel_run",
     "enqueue",
@@ -36,6 +44,7 @@ APIS = (
     "retry_run",
     "stop_conversation",
     "waiting_inputs",
+    *SCHEDULE_APIS,
 )
 
 
@@ -93,11 +102,14 @@ for _name in APIS:
 
         async def _schema_case(dsn: str, schema: str, conn: Any, _n: str = _name, _s: str = _schema) -> Any:
             args: tuple[Any, ...] = (dsn, "c" if _n == "stop_conversation" else uuid.uuid4())
-            if _n in ("enqueue", "waiting_inputs"):
+            if _n in ("enqueue", "waiting_inputs", "list_schedules"):
                 args = (dsn,)
+            elif _n in SCHEDULE_APIS:
+                args = (dsn, "s")
             elif _n == "provide_input":
                 args = (dsn, uuid.uuid4(), "k", True)
-            return _n, args, {"schema": _s, **(turn() if _n == "enqueue" else {})}
+            extra = turn() if _n == "enqueue" else turn(every=60) if _n == "add_schedule" else {}
+            return _n, args, {"schema": _s, **extra}
 
         _schema_case.__name__ = f"{_name}_{_label}"
         case("InvalidInput" if _label == "bad_schema" else "SchemaOutOfDate")(_schema_case)
@@ -244,6 +256,55 @@ async def cancel_run_of_a_finished_run(dsn: str, schema: str, conn: psycopg.Asyn
 @case("ok")
 async def stop_conversation_with_nothing_active(dsn: str, schema: str, conn: Any) -> Any:
     return "stop_conversation", (dsn, "never-seen"), {"schema": schema}
+
+
+# Schedules: their checks, a taken name, and the answers about a schedule that is not there.
+for _label, _kw in (
+    ("bad_cron", {"cron": "61 * * * *"}),
+    ("unknown_zone", {"every": 60, "timezone": "Mars/Olympus"}),
+    ("cron_and_every", {"cron": "* * * * *", "every": 60}),
+    ("bad_overlap", {"every": 60, "overlap": "maybe"}),
+):
+
+    async def _bad_schedule(dsn: str, schema: str, conn: Any, _k: dict[str, Any] = _kw) -> Any:
+        return "add_schedule", (dsn, "s"), {"schema": schema, **turn(**_k)}
+
+    _bad_schedule.__name__ = f"add_schedule_{_label}"
+    case("InvalidInput")(_bad_schedule)
+
+for _name in ("pause_schedule", "resume_schedule", "remove_schedule", "next_fires"):
+
+    async def _no_schedule(dsn: str, schema: str, conn: Any, _n: str = _name) -> Any:
+        return _n, (dsn, "never-added"), {"schema": schema}
+
+    _no_schedule.__name__ = f"{_name}_of_no_schedule"
+    case("ok")(_no_schedule)
+
+
+@case("InvalidInput")
+async def add_schedule_with_a_taken_name(dsn: str, schema: str, conn: Any) -> Any:
+    await runrow.add_schedule(dsn, "taken", schema=schema, **turn(every=60))
+    return "add_schedule", (dsn, "taken"), {"schema": schema, **turn(every=30)}
+
+
+@case("InvalidInput")
+async def next_fires_with_a_bad_count(dsn: str, schema: str, conn: Any) -> Any:
+    await runrow.add_schedule(dsn, "n", schema=schema, **turn(every=60))
+    return "next_fires", (dsn, "n", 0), {"schema": schema}
+
+
+async def test_a_schedule_written_through_one_api_is_what_the_other_reads(dsn: str, schema: str) -> None:
+    added = await call("sync", "add_schedule", dsn, "both", schema=schema, **turn(every=60))
+    assert await call("async", "list_schedules", dsn, schema=schema) == [added]
+    assert await call("async", "next_fires", dsn, "both", 2, schema=schema) == await call(
+        "sync", "next_fires", dsn, "both", 2, schema=schema
+    )
+    paused = await call("async", "pause_schedule", dsn, "both", schema=schema)
+    assert paused is not None and paused.paused
+    resumed = await call("sync", "resume_schedule", dsn, "both", schema=schema)
+    assert resumed is not None and not resumed.paused
+    assert await call("sync", "remove_schedule", dsn, "both", schema=schema)
+    assert await call("async", "list_schedules", dsn, schema=schema) == []
 
 
 @pytest.mark.parametrize(("expected", "setup"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])

@@ -221,7 +221,8 @@ async def test_a_batch_that_fails_on_a_dropped_connection_lets_each_tail_recover
             rows = [(3, "x", "{}")]
             appended = [journal.Appended(rid, tokens[rid], rows) for rid in ids]
             assert (
-                len(await journal.append(conn, schema, appended, channels=Channels.for_schema(schema))) == n
+                len(await run(conn, journal.append(schema, appended, channels=Channels.for_schema(schema))))
+                == n
             )
             await wait_for(lambda: all(len(s) == 3 for s in got.values()), what="the recovery")
             for rid in ids:

@@ -90,6 +90,9 @@ async def test_run_agent_returns_a_failed_run_with_its_journal(dsn: str, schema:
 
     result = await run_agent(dsn, agent, {"text": "hi"}, schema=schema, conversation_id="c-1", user_id="ann")
     assert result.status == "failed" and result.error == {"type": "KeyError", "message": "'no such tool'"}
+    # The traceback apart (error stays type and message, as tests compare it whole).
+    assert result.traceback is not None and result.traceback == (result.run.error or {})["traceback"]
+    assert "in agent" in result.traceback and result.traceback.rstrip().endswith("KeyError: 'no such tool'")
     assert result.event_types == ["user_message_created", "run_queued", "tool_call_started", "complete"]
     assert [e.seq for e in result.events] == [1, 2, 3, 4]
     assert result.payloads("tool_call_started") == [{"tool_call_id": 7, "name": "search"}]

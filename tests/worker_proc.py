@@ -3,7 +3,8 @@
     python -m tests.worker_proc AGENT_NAME DISPATCHERS CONCURRENCY LEASE HEARTBEAT GRACE POLL
 
 Reads RUNROW_TEST_DSN and RUNROW_TEST_SCHEMA (and RUNROW_TEST_RETRY: max attempts of an
-automatic retry policy); prints "ready" once every dispatcher runs,
+automatic retry policy; RUNROW_TEST_AGENTS: more agents by key, ``key,key``, each the agent
+of that name); prints "ready" once every dispatcher runs,
 and a drain report line per dispatcher when stopped.
 """
 
@@ -27,12 +28,15 @@ async def main(argv: list[str]) -> None:
     dsn, schema = os.environ["RUNROW_TEST_DSN"], os.environ["RUNROW_TEST_SCHEMA"]
     attempts = os.environ.get("RUNROW_TEST_RETRY")  # automatic retries, at once, up to this many attempts
     retry = runrow.RetryPolicy(max_attempts=int(attempts), backoff=0) if attempts else None
+    keyed = [k for k in os.environ.get("RUNROW_TEST_AGENTS", "").split(",") if k]
+    served = {k: getattr(agents, k) for k in keyed} or None
     async with contextlib.AsyncExitStack() as stack:
         dispatchers = [
             await stack.enter_async_context(
                 runrow.Dispatcher(
                     dsn,
                     agent,
+                    agents=served,
                     schema=schema,
                     concurrency=int(concurrency),
                     lease=float(lease),

@@ -3,7 +3,7 @@
 The finished history is seeded with one bulk SQL statement per table (rows a finished
 run would leave: its user message, the run, its journal), then VACUUM ANALYZE, as
 autovacuum would do in time. The live runs are enqueued through runrow. The claim and
-the tail read are runrow's own statements (sql/runs.sql claim, sql/journal.sql
+the tail read are runrow's own statements (sql/claims.sql claim, sql/journal.sql
 read_events) timed on a plain psycopg connection; each claimed run is then finalised
 (untimed) so the next claim meets the same queue.
 """
@@ -63,7 +63,17 @@ class _Probe:
         t0 = time.perf_counter()
         cur = await self.conn.execute(
             self.claim,
-            {"limit": 1, "lease_seconds": 30.0, "worker_id": "probe", "now": None, "retry_policy": None},
+            {
+                "limit": 1,
+                "lease_seconds": 30.0,
+                "worker_id": "probe",
+                "now": None,
+                "retry_policy": None,
+                "version": None,
+                "same_version": False,
+                "agent_keys": [],
+                "serves_default": True,
+            },
         )
         rows = await cur.fetchall()
         ms = (time.perf_counter() - t0) * 1000
@@ -88,7 +98,17 @@ class _Probe:
         async with self.conn.transaction(force_rollback=True):
             cur = await self.conn.execute(
                 b"EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + self.claim,
-                {"limit": 1, "lease_seconds": 30.0, "worker_id": "probe", "now": None, "retry_policy": None},
+                {
+                    "limit": 1,
+                    "lease_seconds": 30.0,
+                    "worker_id": "probe",
+                    "now": None,
+                    "retry_policy": None,
+                    "version": None,
+                    "same_version": False,
+                    "agent_keys": [],
+                    "serves_default": True,
+                },
             )
             out["claim"] = "\n".join(r[0] for r in await cur.fetchall())
         cur = await self.conn.execute(

@@ -214,7 +214,17 @@ async def _enqueue_ops(b: Bench, schema: str, n: int, op: str) -> None:
 def bare_claim_params(claim: Any, limit: int) -> tuple[Any, ...]:
     """The positional claim's parameters as the bare loops send them (no retry policy)."""
     return claim.bind(
-        {"limit": limit, "lease_seconds": 30.0, "worker_id": "bare", "now": None, "retry_policy": None}
+        {
+            "limit": limit,
+            "lease_seconds": 30.0,
+            "worker_id": "bare",
+            "now": None,
+            "retry_policy": None,
+            "version": None,
+            "same_version": False,
+            "agent_keys": [],
+            "serves_default": True,
+        }
     )
 
 
@@ -236,7 +246,7 @@ async def timed_lanes(
 async def drain_bare(b: Bench, schema: str, n: int, workers: int, batch: int, op: str) -> float:
     """``workers`` connections, each: claim up to ``batch``, (append 2 events each,) finalize them.
 
-    The statements are runrow's own (sql/runs.sql claim and finalize, sql/journal.sql
+    The statements are runrow's own (sql/claims.sql claim, sql/endings.sql finalize, sql/journal.sql
     append_events), sent with plain psycopg on autocommit connections: one round trip each.
     """
     await _enqueue_ops(b, schema, n, op)

@@ -6,8 +6,11 @@ import contextlib
 
 from ._engine.context import Agent, RunContext
 from ._engine.dispatcher import Dispatcher, DrainReport
+from ._engine.view import RunView
 from ._enqueue import enqueue
 from ._errors import (
+    ChildCancelled,
+    ChildFailed,
     ConfigurationError,
     ConversationBusy,
     DeadlinePassed,
@@ -20,6 +23,7 @@ from ._errors import (
     RunrowError,
     RunTrimmed,
     SchemaOutOfDate,
+    SpawnLimitExceeded,
     StepFailed,
     StepMismatch,
     StepUncertain,
@@ -28,18 +32,40 @@ from ._events import Event
 from ._hub import NotifyHub
 from ._inputs import PendingInput, provide_input, waiting_inputs
 from ._migrate import latest_version, migrate
-from ._models import Draft, Message, QueuePosition, Run, RunInfo, RunStatus, StopResult, TenantPolicy
+from ._models import (
+    ChildResult,
+    Draft,
+    Message,
+    QueuePosition,
+    Run,
+    RunInfo,
+    Schedule,
+    StopResult,
+    TenantPolicy,
+)
 from ._observe import Observer
 from ._queries import QueueStats, get_run, list_runs, queue_stats, transcript
 from ._retention import TrimResult, trim
 from ._retry import RetryPolicy
 from ._retry_run import retry_run
+from ._schedules import (
+    add_schedule,
+    list_schedules,
+    next_fires,
+    pause_schedule,
+    remove_schedule,
+    resume_schedule,
+)
+from ._status import RunStatus
 from ._stop import cancel_run, stop_conversation
 from ._tail import tail
 from ._tenants import queue_position, set_tenant_policy, tenant_policies
 
 __all__ = [
     "Agent",
+    "ChildCancelled",
+    "ChildFailed",
+    "ChildResult",
     "ConfigurationError",
     "ConversationBusy",
     "DeadlinePassed",
@@ -65,23 +91,32 @@ __all__ = [
     "RunNotFound",
     "RunStatus",
     "RunTrimmed",
+    "RunView",
     "RunrowError",
+    "Schedule",
     "SchemaOutOfDate",
+    "SpawnLimitExceeded",
     "StepFailed",
     "StepMismatch",
     "StepUncertain",
     "StopResult",
     "TenantPolicy",
     "TrimResult",
+    "add_schedule",
     "cancel_run",
     "enqueue",
     "get_run",
     "latest_version",
     "list_runs",
+    "list_schedules",
     "migrate",
+    "next_fires",
+    "pause_schedule",
     "provide_input",
     "queue_position",
     "queue_stats",
+    "remove_schedule",
+    "resume_schedule",
     "retry_run",
     "set_tenant_policy",
     "stop_conversation",

@@ -6,9 +6,10 @@ import argparse
 from typing import TYPE_CHECKING, Any, get_args
 
 from . import __version__
+from ._cli_schedules import add_schedules_parser
 from ._devdb import data_home, default_dir
-from ._models import RunStatus
 from ._names import DEFAULT_SCHEMA
+from ._status import RunStatus
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -20,12 +21,18 @@ examples:
   eval "$(runrow dev-db start)"      # a local PostgreSQL for development; sets DATABASE_URL
   runrow migrate                      # create or upgrade runrow's tables
   runrow worker myapp.agents:agent    # run the async function agent in myapp/agents.py
+  runrow send chat-1 "hello" --wait   # a turn from the shell; prints the worker's answer
   runrow runs list --status failed    # then: runrow runs show|tail|retry RUN_ID
 
 The database: --database-url URL, or the DATABASE_URL environment variable, such as
 postgresql://user:password@host:5432/dbname.
-Exit status: 0 done; 1 the database cannot be reached; 2 a usage error or an error runrow
-explains (a bare `runrow` prints this help and exits 2); 3 `dev-db status`: not running.
+Exit status: 0 done; 1 no database named, or it cannot be reached; 2 a usage error (a
+malformed database URL, an agent that does not load) or an error runrow explains (a bare
+`runrow` prints this help and exits 2); 3 `dev-db status`: not running; 4 `send --wait`:
+the run failed; 5 `send --wait`: the run was cancelled; 6 `send --wait`: the run expired
+(no input in time); 7 `workers wait`: the version still ran at --timeout; 8 `check`:
+a run would not resume cleanly (a step mismatch); 130 interrupted (Ctrl-C); 141 the output's reader went away (a
+closed pipe: `runrow runs tail RUN | head`).
 """
 
 
@@ -47,6 +54,15 @@ _GROUPS: dict[str, argparse.ArgumentParser] = {}
 def _group(parser: argparse.ArgumentParser, dest: str) -> argparse._SubParsersAction[argparse.ArgumentParser]:
     _GROUPS[dest] = parser
     return parser.add_subparsers(dest=dest, metavar="COMMAND", parser_class=argparse.ArgumentParser)
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _duration(text: str) -> float:
+    """``90s``, ``30m``, ``6h``, ``2d`` or plain seconds, as seconds."""
+    unit = _UNITS.get(text[-1:].lower(), 0)
+    return _seconds_ahead(text[:-1] if unit else text) * (unit or 1)
 
 
 def _seconds_ahead(text: str) -> float:
@@ -92,6 +108,19 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         w.add_argument(flag, type=kind, default=default, help=f"{text} (default: %(default)s)")
     w.add_argument("--worker-id", help="this worker's name in the runs it claims (default: host:pid:random)")
+    w.add_argument(
+        "--version",
+        dest="code_version",
+        help="the code's version, stamped on the runs it claims and shown by `runrow workers` "
+        "(default: $RUNROW_VERSION, else this directory's git commit, else none)",
+    )
+    w.add_argument(
+        "--resume-policy",
+        choices=["replay", "same_version"],
+        default="replay",
+        help="replay: resume any run; same_version: resume or retry a run with recorded steps only "
+        "if it started under this --version, fresh turns any (default: %(default)s)",
+    )
     w.add_argument("--no-notify", action="store_true", help="poll only (no LISTEN connection)")
     w.add_argument(
         "--listen-database-url",
@@ -109,6 +138,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=True,
         help="log a failed run's error message with its type; --no-log-error-messages logs the type "
         "only, for logs that must not carry user content (an error may quote it) (default: %(default)s)",
+    )
+    w.add_argument(
+        "--record-tracebacks",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="store a failed run's traceback in its error (at most 8 KiB); --no-record-tracebacks "
+        "stores the type and message only (default: %(default)s)",
     )
 
     r = sub.add_parser("runs", help="inspect, follow, cancel or retry runs")
@@ -152,6 +188,84 @@ def build_parser() -> argparse.ArgumentParser:
         "--from-seq", type=int, default=0, help="print the events after this seq (default: %(default)s, all)"
     )
     rt.add_argument("--no-prepared-statements", action="store_true", help="for a URL behind pgbouncer")
+
+    se = sub.add_parser(
+        "send",
+        parents=[common],
+        help="send a message: a new turn of a conversation (--wait: print its answer)",
+        description="Enqueues TEXT as the user's next turn of CONVERSATION (runrow.enqueue), for a "
+        "worker to answer. With --wait it prints the answer as it streams and exits by how the "
+        "run ended: 0 completed, 4 failed, 5 cancelled, 6 expired; a run that waits for input "
+        "says so on stderr (answer it with `runrow runs input`) and is waited for.",
+    )
+    se.add_argument("conversation_id", metavar="CONVERSATION", help="the conversation's id (any text)")
+    se.add_argument("text", metavar="TEXT", help="the user's message")
+    se.add_argument("--user", default="cli", help="the user who sends it (default: %(default)s)")
+    se.add_argument("--tenant", help="the tenant it counts against (default: none, the default tenant)")
+    se.add_argument(
+        "--wait",
+        action="store_true",
+        help="follow the run to its ending, printing the answer (with --json: the run, then its events)",
+    )
+
+    wk = sub.add_parser(
+        "workers",
+        parents=[common],
+        help="the live workers (the registry); `workers wait --version V` drains a version",
+    )
+    wsub = wk.add_subparsers(dest="workers_command", metavar="COMMAND", required=False)
+    ww = wsub.add_parser(
+        "wait",
+        parents=[common],
+        help="return once no run claimed by a worker of --version is running",
+        description="For deploy scripts: waits until no run that a worker of VERSION claimed is "
+        "running (its workers finished or were reaped), then exits 0; exits 7 if --timeout "
+        "passes first.",
+    )
+    ww.add_argument(
+        "--version",
+        required=True,
+        help="the version to drain, as `runrow workers` shows it (required; default: none)",
+    )
+    ww.add_argument("--timeout", type=_seconds_ahead, help="give up after this many seconds (default: never)")
+    ww.add_argument(
+        "--interval", type=_seconds_ahead, default=1.0, help="poll every (default: %(default)s s)"
+    )
+    wst = wsub.add_parser(
+        "stranded",
+        parents=[common],
+        help="queued runs with recorded steps whose version no live worker has",
+        description="Runs a deploy stranded: queued for longer than --older-than with recorded "
+        "steps, for a version no live worker has; workers with resume_policy='same_version' of "
+        "other versions never claim them. Exits 0 (it is a report).",
+    )
+    wst.add_argument(
+        "--older-than", type=float, default=60.0, help="queued longer than (default: %(default)s s)"
+    )
+
+    ck = sub.add_parser(
+        "check",
+        parents=[common],
+        help="replay waiting runs against module:callable without side effects; exit 8 on a mismatch",
+        description="Before a deploy: replays every waiting run's recorded steps against the given "
+        "agent, writing nothing (each recorded step returns its record; the replay stops at the "
+        "first unrecorded call or at the input the run waits for), and reports per run whether it "
+        "would resume cleanly or hit a StepMismatch, and where. Exits 8 if any run would not "
+        "(a mismatch, or a waiting run's replay raised or did not stop within --timeout).",
+    )
+    ck.add_argument("agent", help="the new code's agent, as module:callable (as `runrow worker` takes it)")
+    ck.add_argument(
+        "--failed-since",
+        type=_duration,
+        metavar="DURATION",
+        help="also replay runs that failed within DURATION (90s, 30m, 6h, 2d: a retry would replay "
+        "them; default: none)",
+    )
+    ck.add_argument(
+        "--timeout", type=_seconds_ahead, default=30.0, help="per run's replay (default: %(default)s s)"
+    )
+
+    add_schedules_parser(sub, common)
 
     s = sub.add_parser("stop", parents=[common], help="stop every active turn of a conversation")
     s.add_argument("conversation_id", help="the conversation whose queued and running turns stop")

@@ -1,31 +1,47 @@
-"""What the ``runrow`` command needs besides its commands: naming the database it cannot
-reach, waiting for it, JSON log lines, and checking run ids."""
+"""What the ``runrow`` command needs besides its commands: its exit statuses, output,
+checking and naming the database (or why it cannot be reached), waiting for it, JSON
+log lines, and checking run ids."""
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import json
 import logging
 import os
+import re
 import signal
 import sys
+import uuid
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import psycopg
 
-from ._errors import RunNotFound, RunrowError
+from ._errors import InvalidInput, RunNotFound, RunrowError
 from ._json import parse_run_id
 
 if TYPE_CHECKING:
     import argparse
     from collections.abc import AsyncIterator, Callable
-    from uuid import UUID
 
 __all__ = [
+    "EXIT_BROKEN_PIPE",
+    "EXIT_INTERRUPTED",
+    "EXIT_UNREACHABLE",
+    "EXIT_USAGE",
     "DatabaseUnreachable",
     "JsonFormatter",
+    "check_url",
+    "database_url",
     "describe_connect_error",
+    "jsonable",
+    "load_agent",
+    "out",
     "run_id_arg",
+    "run_text",
+    "silence_stdout",
     "target",
     "wait_for_database",
     "web",
@@ -38,6 +54,7 @@ _TRANSIENT = (
     "no such file or directory",
     "timeout expired",
     "could not translate host name",
+    "failed to resolve host",  # (psycopg's async connect resolves names itself)
     "network is unreachable",
     "no route to host",
     "the database system is starting up",
@@ -51,8 +68,102 @@ BACKOFF_START = 0.5
 BACKOFF_MAX = 10.0
 
 
+# The exit statuses `runrow --help` lists (its epilog, in _cli_args.py), besides 0 and
+# the commands' own (`dev-db status`: 3; `send --wait`: 4-6).
+EXIT_UNREACHABLE = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a program Ctrl-C ended
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports `yes | head`'s yes
+
+_URL_EXAMPLE = "postgresql://user:password@host:5432/dbname"
+
+
 class DatabaseUnreachable(RunrowError):
     """The command could not connect; the message names where and what to check."""
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` (records, lists, ids, times) as plain JSON values, for ``--json``."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, uuid.UUID | datetime):
+        return str(value)
+    return value
+
+
+def out(args: argparse.Namespace, data: Any, text: str) -> None:
+    """Prints ``data`` as one JSON line with ``--json``, else ``text``."""
+    sys.stdout.write(f"{json.dumps(jsonable(data)) if args.json else text}\n")
+
+
+def _is_port(text: str) -> bool:
+    return text.isascii() and text.isdigit() and 1 <= int(text) <= 65535
+
+
+def check_url(url: str, name: str) -> str:
+    """``url`` if libpq can read it (a URL or a conninfo string, its ports numbers);
+    else :class:`~runrow.InvalidInput` naming ``name`` (the flag or variable it came from)
+    and the problem, in one line: the command's usage error, not a traceback."""
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError as exc:
+        # libpq quotes a malformed URI whole: drop that, it may hold a password.
+        problem = re.sub(r'\s+in URI: ".*"\s*$', "", str(exc).strip(), flags=re.S)
+    else:
+        ports = [p for p in str(params.get("port") or "").split(",") if p and not _is_port(p)]
+        if not ports:
+            return url
+        problem = f"port {ports[0]!r} is not a port number (1-65535)"
+    raise InvalidInput(name, f"not a PostgreSQL URL or conninfo string ({problem}); e.g. {_URL_EXAMPLE}")
+
+
+def database_url(args: argparse.Namespace) -> str:
+    """The database the command names (``--database-url``, else ``DATABASE_URL``), checked."""
+    url: str | None = args.database_url
+    if url:
+        return check_url(url, "--database-url")
+    url = os.environ.get("DATABASE_URL")
+    if url:
+        return check_url(url, "DATABASE_URL")
+    raise DatabaseUnreachable(
+        "no database: pass --database-url URL or set DATABASE_URL "
+        '(for a local one: eval "$(runrow dev-db start)")'
+    )
+
+
+def load_agent(spec: str) -> Callable[..., Any]:
+    """``package.module:callable`` -> the callable (the agent for ``runrow worker``)."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise SystemExit(f"runrow: agent must look like module:callable, got {spec!r}")
+    sys.path.insert(0, os.getcwd())
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise SystemExit(f"runrow: cannot import {module_name!r}: {exc}") from None
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise SystemExit(f"runrow: {module_name!r} has no attribute {attr!r}") from None
+    if not callable(obj):
+        raise SystemExit(f"runrow: {spec} is not callable")
+    return obj  # type: ignore[no-any-return]
+
+
+def silence_stdout() -> None:
+    """Points stdout at /dev/null after its reader went away (a closed pipe), so that
+    the interpreter's last flush at exit does not fail again (the recipe in Python's
+    documentation of SIGPIPE)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout without a file (an embedding host's)
+        pass
 
 
 def target(url: str) -> str:
@@ -149,7 +260,7 @@ async def wait_for_database(
     return reached
 
 
-def run_id_arg(value: str) -> UUID:
+def run_id_arg(value: str) -> uuid.UUID:
     """A run id from the command line, checked as the HTTP API checks one (a UUID)."""
     try:
         return parse_run_id(value)
@@ -162,6 +273,18 @@ def run_id_arg(value: str) -> UUID:
 
 # Attributes every LogRecord has; anything else was passed as ``extra``.
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
+
+
+def run_text(fields: dict[str, Any]) -> str:
+    """``runrow runs show``'s text: a run's fields (as JSON values), one a line; its error
+    as ``type: message``, and its traceback, if one was recorded, after them as Python
+    prints it."""
+    error = fields.get("error") or {}
+    traceback = error.get("traceback")
+    if error:
+        fields = {**fields, "error": f"{error.get('type')}: {error.get('message', '')}"}
+    text = "\n".join(f"{k:>18}: {v}" for k, v in fields.items())
+    return text + (f"\n\n{traceback.rstrip()}" if isinstance(traceback, str) else "")
 
 
 class JsonFormatter(logging.Formatter):

@@ -3,36 +3,31 @@
 from __future__ import annotations
 
 import math
-from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from . import _json
 from ._db import Database, perform
+from ._enqueue_options import DEFAULT_MAX_CONTENT_BYTES, EnqueueOptions, OnBusy
 from ._errors import (
     ConversationBusy,
     IdempotencyConflict,
-    InvalidInput,
     Overloaded,
     RunrowError,
 )
 from ._gateway import reads, submit
 from ._models import Run, StopResult
-from ._names import DEFAULT_SCHEMA, Channels, check_schema
+from ._names import DEFAULT_SCHEMA, Channels
 from ._ops import in_transaction, self_contained
 from ._stop import stop_locked
 
 if TYPE_CHECKING:
+    from datetime import datetime, timedelta
+
     from ._gateway._exec import Plan
     from ._ops import Operation
 
-__all__ = ["DEFAULT_MAX_CONTENT_BYTES", "OnBusy", "enqueue", "enqueue_op"]
+__all__ = ["DEFAULT_MAX_CONTENT_BYTES", "OnBusy", "enqueue", "enqueue_in", "enqueue_op"]
 
-DEFAULT_MAX_CONTENT_BYTES = 256 * 1024
-"""Default size limit of a message's content, as serialised JSON."""
-
-
-OnBusy = Literal["enqueue", "reject", "interrupt"]
-"""What :func:`enqueue` does when the conversation already has a queued or running turn."""
+# (DEFAULT_MAX_CONTENT_BYTES and OnBusy are defined with the options, in _enqueue_options.py.)
 
 THROUGHPUT_WINDOW_SECONDS = 300.0
 """Recent throughput is measured over the last five minutes of finished runs."""
@@ -55,6 +50,7 @@ async def enqueue(
     max_queued_per_conversation: int | None = None,
     schema: str = DEFAULT_SCHEMA,
     max_content_bytes: int = DEFAULT_MAX_CONTENT_BYTES,
+    agent_key: str | None = None,
 ) -> Run:
     """Records a user's turn and returns its run (``queued``).
 
@@ -74,6 +70,11 @@ async def enqueue(
     forms) is the time by which the run must have ended: one still running then is
     cancelled and ends ``failed`` with error type ``deadline_exceeded``; one claimed
     after it ends so without the agent being called.
+
+    ``agent_key`` names the agent that runs the turn: only a Dispatcher serving that key
+    (``Dispatcher(agents={key: ...})``) claims it; None (default) is the default agent
+    (``Dispatcher(agent)``). A queued run that no live worker serves waits, and is listed
+    by ``runrow workers``.
 
     Double-texting: with an active (queued or running) turn in the conversation,
     ``on_busy="enqueue"`` (default) queues the new turn after it, ``"reject"`` raises
@@ -104,149 +105,89 @@ async def enqueue(
     Raises :class:`InvalidInput` (nothing written) for empty or non-text ids, content
     or request that is not JSON, contains NUL characters, or exceeds the size limit.
     """
-    return await perform(
-        db,
-        schema,
-        enqueue_op(
-            conversation_id=conversation_id,
-            user_id=user_id,
-            content=content,
-            tenant_id=tenant_id,
-            idempotency_key=idempotency_key,
-            request=request,
-            priority=priority,
-            not_before=not_before,
-            deadline=deadline,
-            on_busy=on_busy,
-            max_queued_per_tenant=max_queued_per_tenant,
-            max_queued_per_conversation=max_queued_per_conversation,
-            schema=schema,
-            max_content_bytes=max_content_bytes,
-        ),
-    )
-
-
-def enqueue_op(
-    *,
-    conversation_id: str,
-    user_id: str,
-    content: Any,
-    tenant_id: str | None,
-    idempotency_key: str | None,
-    request: Any,
-    priority: int,
-    not_before: datetime | timedelta | None,
-    deadline: datetime | timedelta | None,
-    on_busy: OnBusy,
-    max_queued_per_tenant: int | None,
-    max_queued_per_conversation: int | None,
-    schema: str,
-    max_content_bytes: int,
-) -> Operation[Run]:
-    """:func:`enqueue` as an operation (see ``_ops.py``), for the async and the sync API."""
-    check_schema(schema)
-    _json.check_id(conversation_id, "conversation_id")
-    _json.check_id(user_id, "user_id")
-    _json.check_id(tenant_id, "tenant_id", optional=True)
-    _json.check_id(idempotency_key, "idempotency_key", optional=True)
-    if isinstance(priority, bool) or not isinstance(priority, int) or not -(2**31) <= priority < 2**31:
-        raise InvalidInput("priority", "must be an integer that fits in 32 bits")
-    if on_busy not in ("enqueue", "reject", "interrupt"):
-        raise InvalidInput("on_busy", "must be 'enqueue', 'reject' or 'interrupt'")
-    for name, limit in (
-        ("max_queued_per_tenant", max_queued_per_tenant),
-        ("max_queued_per_conversation", max_queued_per_conversation),
-    ):
-        if limit is not None and (
-            isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit < 2**31
-        ):  # (the gate counts in a 32-bit integer)
-            raise InvalidInput(name, "must be a non-negative integer below 2**31, or None")
-    not_before_at, not_before_in = _when(not_before, "not_before")
-    deadline_at, deadline_in = _when(deadline, "deadline")
-    # The turn, as the refusal, the interrupt and the idempotent read-back need it.
-    params: dict[str, Any] = {
-        "conversation_id": conversation_id,
-        "user_id": user_id,
-        "tenant_id": tenant_id,
-        "idempotency_key": idempotency_key,
-        "content": _json.dumps(content, "content", max_content_bytes),
-        "request": None if request is None else _json.dumps(request, "request", max_content_bytes),
-        "max_queued_tenant": max_queued_per_tenant,
-        "max_queued_conversation": max_queued_per_conversation,
-    }
-    gated = (
-        on_busy != "enqueue" or max_queued_per_tenant is not None or max_queued_per_conversation is not None
-    )
-    submission = _submit(
-        schema,
-        params,
-        on_busy=on_busy,
-        gated=gated,
+    options = EnqueueOptions.checked(
+        conversation_id=conversation_id,
+        user_id=user_id,
+        content=content,
+        tenant_id=tenant_id,
+        idempotency_key=idempotency_key,
+        request=request,
         priority=priority,
-        not_before_at=not_before_at,
-        not_before_in=not_before_in,
-        deadline_at=deadline_at,
-        deadline_in=deadline_in,
+        not_before=not_before,
+        deadline=deadline,
+        on_busy=on_busy,
+        max_queued_per_tenant=max_queued_per_tenant,
+        max_queued_per_conversation=max_queued_per_conversation,
+        schema=schema,
+        max_content_bytes=max_content_bytes,
+        agent_key=agent_key,
     )
+    return await perform(db, schema, enqueue_op(options))
+
+
+def enqueue_op(options: EnqueueOptions) -> Operation[Run]:
+    """:func:`enqueue` as an operation (see ``_ops.py``), for the async and the sync API,
+    on options checked where the API took them (:meth:`EnqueueOptions.checked`)."""
     # Ungated, the enqueue is one self-contained statement: one round trip on an autocommit
     # connection, joined to the caller's transaction if there is one. Gated enqueues take
     # their admission lock first, in the same transaction as the statement.
     submitted: tuple[submit.Admission, StopResult | None]
-    submitted = yield (in_transaction if gated else self_contained)(submission)
+    submitted = yield (in_transaction if options.gated else self_contained)(_submit(options))
     gate, interrupted = submitted
     if gate.run is not None:
         return Run(*gate.run, created=True, interrupted=interrupted)
     # The key exists: the first run won (the INSERT waited for it to commit). Read it, in
     # a statement whose snapshot sees that commit, and compare it with this turn.
-    found: submit.IdempotentRun | None = yield self_contained(_read_back(schema, gate, params))
+    found: submit.IdempotentRun | None = yield self_contained(_read_back(gate, options))
     if found is None:  # pragma: no cover - the conflict guarantees a committed row
         raise RunrowError("idempotent enqueue conflicted but the first run is not visible")
-    _same_turn(found, params)
+    _same_turn(found, options)
     return Run(*found.run, created=False)
 
 
-def _submit(
-    schema: str, params: dict[str, Any], *, on_busy: OnBusy, gated: bool, **when: Any
-) -> Plan[tuple[submit.Admission, StopResult | None]]:
+def enqueue_in(options: EnqueueOptions) -> Plan[Run]:
+    """An ungated enqueue as a plan, for a caller that runs it inside its own transaction
+    with writes of its own (a schedule's fire): the new run, or the run its idempotency
+    key already names (``created=False``; :class:`IdempotencyConflict` if another turn)."""
+    if options.gated:
+        raise RunrowError("enqueue_in takes ungated options only")  # pragma: no cover
+    gate, _ = yield from _submit(options)
+    if gate.run is not None:
+        return Run(*gate.run, created=True)
+    found = yield from _find_idempotent(options)
+    if found is None:  # pragma: no cover - the conflict guarantees a committed row
+        raise RunrowError("idempotent enqueue conflicted but the first run is not visible")
+    _same_turn(found, options)
+    return Run(*found.run, created=False)
+
+
+def _submit(options: EnqueueOptions) -> Plan[tuple[submit.Admission, StopResult | None]]:
     """The enqueue's first step: its locks, the interrupt, the statement, or the refusal."""
+    schema = options.schema
     # Taken by every enqueue of the conversation: its turns queue in commit order.
-    conversation_lock = _conversation_lock(schema, params["conversation_id"])
-    if gated:
+    conversation_lock = _conversation_lock(schema, options.conversation_id)
+    if options.gated:
         yield from submit.admission_lock(
             schema,
             tenant_lock=None
-            if params["max_queued_tenant"] is None
-            else f"runrow.enqueue:{schema}:tenant:{params['tenant_id'] or ''}",
+            if options.max_queued_tenant is None
+            else f"runrow.enqueue:{schema}:tenant:{options.tenant_id or ''}",
             conversation_lock=conversation_lock,
         )
-    interrupted = (yield from _interrupt(schema, params)) if on_busy == "interrupt" else None
+    interrupted = (yield from _interrupt(options)) if options.on_busy == "interrupt" else None
     gate = yield from submit.enqueue(
-        schema,
-        conversation_id=params["conversation_id"],
-        user_id=params["user_id"],
-        tenant_id=params["tenant_id"],
-        idempotency_key=params["idempotency_key"],
-        content=params["content"],
-        request=params["request"],
-        max_queued_tenant=params["max_queued_tenant"],
-        max_queued_conversation=params["max_queued_conversation"],
-        reject_if_busy=on_busy == "reject",
-        wake_channel=Channels.for_schema(schema).wake,
-        conversation_lock=conversation_lock,
-        **when,
+        options, wake_channel=Channels.for_schema(schema).wake, conversation_lock=conversation_lock
     )
-    if gate.run is None and not gate.admitted and params["idempotency_key"] is None:
-        yield from _refuse(schema, gate, params)
+    if gate.run is None and not gate.admitted and options.idempotency_key is None:
+        yield from _refuse(gate, options)
     return gate, interrupted
 
 
-def _read_back(
-    schema: str, gate: submit.Admission, params: dict[str, Any]
-) -> Plan[submit.IdempotentRun | None]:
+def _read_back(gate: submit.Admission, options: EnqueueOptions) -> Plan[submit.IdempotentRun | None]:
     """The run this turn's key names; the refusal if it names none and the gate refused."""
-    found = yield from _find_idempotent(schema, params)
+    found = yield from _find_idempotent(options)
     if found is None and not gate.admitted:
-        yield from _refuse(schema, gate, params)
+        yield from _refuse(gate, options)
     return found
 
 
@@ -255,13 +196,20 @@ def _conversation_lock(schema: str, conversation_id: str) -> str:
     return f"runrow.enqueue:{schema}:conversation:{conversation_id}"
 
 
-def _find_idempotent(schema: str, params: dict[str, Any]) -> Plan[submit.IdempotentRun | None]:
+def _find_idempotent(options: EnqueueOptions) -> Plan[submit.IdempotentRun | None]:
     """The run this turn's idempotency key already names (see :func:`submit.find_idempotent`)."""
-    keys = ("user_id", "idempotency_key", "conversation_id", "tenant_id", "content", "request")
-    return submit.find_idempotent(schema, **{key: params[key] for key in keys})
+    return submit.find_idempotent(
+        options.schema,
+        user_id=options.user_id,
+        idempotency_key=options.idempotency_key,
+        conversation_id=options.conversation_id,
+        tenant_id=options.tenant_id,
+        content=options.content,
+        request=options.request,
+    )
 
 
-def _same_turn(found: submit.IdempotentRun, params: dict[str, Any]) -> None:
+def _same_turn(found: submit.IdempotentRun, options: EnqueueOptions) -> None:
     """Raises :class:`IdempotencyConflict` unless the key's run records this very turn.
 
     Scheduling options (priority, not_before, deadline, limits, on_busy) are not
@@ -277,55 +225,37 @@ def _same_turn(found: submit.IdempotentRun, params: dict[str, Any]) -> None:
     )
     differ = tuple(name for name, flag in flags if flag)
     if differ:
-        raise IdempotencyConflict(params["idempotency_key"], found.run.id, differ)
+        assert options.idempotency_key is not None  # (found by it)
+        raise IdempotencyConflict(options.idempotency_key, found.run.id, differ)
 
 
-_MAX_OFFSET_SECONDS = 1000 * 365 * 86400
-
-
-def _when(value: datetime | timedelta | None, field: str) -> tuple[datetime | None, float | None]:
-    """An absolute time, or seconds from the database's clock, as the SQL takes them."""
-    if value is None:
-        return None, None
-    if isinstance(value, timedelta):
-        seconds = value.total_seconds()
-        if abs(seconds) > _MAX_OFFSET_SECONDS:  # now() + it must stay a timestamp
-            raise InvalidInput(field, "a timedelta must be within 1,000 years")
-        return None, seconds
-    if isinstance(value, datetime):
-        if value.tzinfo is None:
-            raise InvalidInput(field, "a datetime must be timezone-aware (or pass a timedelta)")
-        return value, None
-    raise InvalidInput(field, "must be a datetime, a timedelta or None")
-
-
-def _interrupt(schema: str, params: dict[str, Any]) -> Plan[StopResult | None]:
+def _interrupt(options: EnqueueOptions) -> Plan[StopResult | None]:
     """Stops the conversation's active turns inside the enqueue's transaction."""
-    if params["idempotency_key"] is not None:
-        found = yield from _find_idempotent(schema, params)
+    if options.idempotency_key is not None:
+        found = yield from _find_idempotent(options)
         if found is not None:
-            _same_turn(found, params)  # a reused key stops nothing
+            _same_turn(found, options)  # a reused key stops nothing
             return None  # a repeat of an accepted interrupt: it already stopped what it stopped
-    return (yield from stop_locked(schema, params["conversation_id"]))
+    return (yield from stop_locked(options.schema, options.conversation_id))
 
 
-def _refuse(schema: str, gate: submit.Admission, params: dict[str, Any]) -> Plan[NoReturn]:
+def _refuse(gate: submit.Admission, options: EnqueueOptions) -> Plan[NoReturn]:
     """Raises the typed refusal for a gated enqueue that wrote nothing."""
     tenant_queued, conversation_queued = gate.tenant_queued, gate.conversation_queued
     if gate.busy:
-        raise ConversationBusy(params["conversation_id"])
+        raise ConversationBusy(options.conversation_id)
     finished, tenant_finished, avg_run = yield from reads.throughput(
-        schema, tenant_id=params["tenant_id"], window_seconds=THROUGHPUT_WINDOW_SECONDS, now=None
+        options.schema, tenant_id=options.tenant_id, window_seconds=THROUGHPUT_WINDOW_SECONDS, now=None
     )
-    tenant_limit, conversation_limit = params["max_queued_tenant"], params["max_queued_conversation"]
+    tenant_limit, conversation_limit = options.max_queued_tenant, options.max_queued_conversation
     if tenant_limit is not None and tenant_queued is not None and tenant_queued >= tenant_limit:
         # One of the tenant's runs must start: about one tenant completion interval.
         done = tenant_finished or finished
         hint = THROUGHPUT_WINDOW_SECONDS / done if done else avg_run
-        raise Overloaded("tenant", params["tenant_id"], tenant_limit, _seconds(hint))
+        raise Overloaded("tenant", options.tenant_id, tenant_limit, _seconds(hint))
     assert conversation_limit is not None and conversation_queued is not None
     # The conversation's turns run one at a time: about one run's duration.
-    raise Overloaded("conversation", params["conversation_id"], conversation_limit, _seconds(avg_run))
+    raise Overloaded("conversation", options.conversation_id, conversation_limit, _seconds(avg_run))
 
 
 def _seconds(hint: float | None) -> int:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
+    "ChildCancelled",
+    "ChildFailed",
     "ConfigurationError",
     "ConversationBusy",
     "IdempotencyConflict",
@@ -14,6 +18,7 @@ __all__ = [
     "RunTrimmed",
     "RunrowError",
     "SchemaOutOfDate",
+    "SpawnLimitExceeded",
     "StepFailed",
     "StepMismatch",
     "StepUncertain",
@@ -231,3 +236,30 @@ class NotWaitingForInput(RunrowError):
         self.run_id = run_id
         self.key = key
         self.status = status
+
+
+class ChildFailed(RunrowError):
+    """A child run a parent waited on (``RunContext.wait_for_children``) did not complete:
+    it ``failed`` (its error's type and message are here) or ``expired``. ``run_id`` is the
+    child's (its first run's) id, ``status`` its status, ``error`` its error record."""
+
+    def __init__(self, run_id: object, status: str, error: dict[str, Any] | None) -> None:
+        said = "" if not error else f": {error.get('type')}: {error.get('message')}"
+        super().__init__(f"child run {run_id!s} ended {status}{said}")
+        self.run_id = run_id
+        self.status = status
+        self.error = error
+
+
+class ChildCancelled(ChildFailed):
+    """A child run a parent waited on was cancelled (a stop, or ``cancel_run``)."""
+
+
+class SpawnLimitExceeded(RunrowError):
+    """A spawn would take the tree past a Dispatcher's limit: ``limit`` is
+    ``"max_spawn_depth"`` or ``"max_children"``, ``value`` its setting. Nothing was spawned."""
+
+    def __init__(self, limit: str, value: int, detail: str) -> None:
+        super().__init__(f"{limit} ({value}) reached: {detail}")
+        self.limit = limit
+        self.value = value

@@ -21,6 +21,10 @@ letter, then ASCII letters, digits, ``_``, ``.``, ``:`` or ``-``, at most 64 cha
   with, ``expires_at`` when the wait ends if no input comes (null: never). The run is
   ``waiting`` until ``input_provided`` ``{"key", "value"}`` (written by
   ``provide_input``), then runs on with the next seq. Only runrow writes either.
+* ``children_awaited`` ``{"key", "children", "first"}`` — the run paused to wait for its
+  child runs (``RunContext.wait_for_children``): ``children`` are their ids, ``first``
+  whether the first to end is enough. The run is ``waiting`` until they have ended, then
+  runs on with the next seq. Only runrow writes it.
 * anything else the agent emits (``message_done``, ...) is structural too: it flushes
   pending text and is written at once.
 * ``complete`` ``{"status", "error"?, "reason"?, "uncertain_tool_calls"?}`` — the one
@@ -51,6 +55,7 @@ from . import _json
 from ._errors import InvalidInput
 
 __all__ = [
+    "CHILDREN_AWAITED",
     "CONTENT_DELTA",
     "ENDING_REASONS",
     "INPUT_PROVIDED",
@@ -77,6 +82,7 @@ TOOL_CALL_FINISHED = "tool_call_finished"
 TERMINAL_EVENT = "complete"
 INPUT_REQUESTED = "input_requested"
 INPUT_PROVIDED = "input_provided"
+CHILDREN_AWAITED = "children_awaited"
 KEEPALIVE = "keepalive"  # never stored: a tail's idle marker
 ENDING_REASONS = ("stopped", "stopped_before_start", "deadline_exceeded", "worker_lost", "input_expired")
 """The terminal event's ``reason`` values (see the list above)."""
@@ -133,7 +139,7 @@ def checked_event(event: Mapping[str, Any], max_bytes: int) -> tuple[str, dict[s
             f"type {etype[:MAX_EVENT_TYPE_LENGTH]!r} must be an identifier: an ASCII letter, then "
             f"ASCII letters, digits, '_', '.', ':' or '-', at most {MAX_EVENT_TYPE_LENGTH} characters",
         )
-    if etype in (TERMINAL_EVENT, KEEPALIVE, INPUT_REQUESTED, INPUT_PROVIDED):
+    if etype in (TERMINAL_EVENT, KEEPALIVE, INPUT_REQUESTED, INPUT_PROVIDED, CHILDREN_AWAITED):
         raise InvalidInput("event", f"type {etype!r} is reserved for runrow")
     payload = {k: v for k, v in event.items() if k != "type"}
     if etype == CONTENT_DELTA:

@@ -4,7 +4,9 @@ requires, and bounded), ids and run ids."""
 from __future__ import annotations
 
 import json
+import logging
 import re
+import traceback as _traceback
 import uuid
 from typing import Any
 
@@ -92,13 +94,60 @@ def parse_run_id(run_id: uuid.UUID | str) -> uuid.UUID:
         raise RunNotFound(run_id) from None
 
 
-def error_of(exc: BaseException, max_chars: int = 2000) -> dict[str, str]:
+MAX_TRACEBACK_BYTES = 8 * 1024
+"""The most a recorded traceback holds, in UTF-8 bytes; a longer one keeps its end (the
+innermost frames and the exception's own line) and says how much it cut."""
+
+
+def error_of(exc: BaseException, max_chars: int = 2000, *, traceback: bool = False) -> dict[str, str]:
     """An exception as a storable record: its type's name and its message, cut to
     ``max_chars`` and made storable whatever it holds (jsonb refuses NUL; UTF-8 refuses
-    lone surrogates; an ``__str__`` may itself fail)."""
+    lone surrogates; an ``__str__`` may itself fail). ``traceback=True`` adds its
+    traceback (see :func:`traceback_of`)."""
     try:
         message = str(exc)[:max_chars]
     except Exception:
         message = f"<{type(exc).__name__} with an unprintable message>"
-    message = message.replace("\x00", "\ufffd").encode("utf-8", "replace").decode("utf-8")
-    return {"type": type(exc).__name__, "message": message}
+    fields = {"type": type(exc).__name__, "message": _storable(message)}
+    if traceback:
+        fields["traceback"] = traceback_of(exc)
+    return fields
+
+
+class TracebackText(logging.Filter):
+    """Puts a record's ``traceback`` extra where every formatter prints it after the
+    message (``exc_text``, as for ``exc_info``), so the line itself stays one line. The
+    text is the bounded, storable one (:func:`traceback_of`): the raw exception may hold
+    a NUL or a lone surrogate, which a UTF-8 log stream refuses."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Always keeps the record; sets its ``exc_text`` from its ``traceback`` extra."""
+        text = getattr(record, "traceback", None)
+        if isinstance(text, str) and not record.exc_text:
+            record.exc_text = text.rstrip("\n")
+        return True
+
+
+def traceback_of(exc: BaseException, max_bytes: int = MAX_TRACEBACK_BYTES) -> str:
+    """``exc``'s traceback as Python prints it (with its causes, without any frame's
+    locals), storable, and at most ``max_bytes`` of UTF-8. A longer one keeps its end,
+    from a frame's start: the innermost frames and the exception's line are what an
+    author needs, and a deep recursion's outer frames repeat."""
+    try:
+        text = _storable("".join(_traceback.format_exception(exc)))
+    except Exception:  # (formatting reads source files and calls __str__: never let it fail a run)
+        return f"<the traceback of {type(exc).__name__} could not be formatted>"
+    data = text.encode()
+    if len(data) <= max_bytes:
+        return text
+    marker = "[... {} bytes of outer frames cut ...]\n"
+    keep = data[len(data) - (max_bytes - len(marker) - 20) :].decode("utf-8", "ignore")
+    # From a frame's start (else a line's): a frame's source line alone says nothing.
+    frame = keep.find("\n  File ")
+    keep = keep[frame + 1 :] if frame >= 0 else keep[keep.find("\n") + 1 :] if "\n" in keep else keep
+    return marker.format(len(data) - len(keep.encode())) + keep
+
+
+def _storable(text: str) -> str:
+    """``text`` without what jsonb (NUL) or UTF-8 (lone surrogates) refuses."""
+    return text.replace("\x00", "\ufffd").encode("utf-8", "replace").decode("utf-8")

@@ -8,6 +8,7 @@ from psycopg import AsyncConnection
 
 from ._errors import InvalidInput, SchemaOutOfDate
 from ._gateway import schema as _schema
+from ._gateway._exec import run
 from ._names import DEFAULT_SCHEMA, check_schema
 
 __all__ = ["latest_version", "migrate"]
@@ -32,9 +33,10 @@ async def migrate(
     """
     check_schema(schema)
     steps = _schema.migrations()
-    goal = len(steps) if target is None else target
-    if not 0 <= goal <= len(steps):
-        raise InvalidInput("target", f"must be between 0 and {len(steps)}")
+    latest = steps[-1].version
+    goal = latest if target is None else target
+    if not 0 <= goal <= latest:
+        raise InvalidInput("target", f"must be between 0 and {latest}")
     if isinstance(conninfo, AsyncConnection):
         return await _migrate(conninfo, schema, steps, goal)
     async with await AsyncConnection.connect(conninfo, autocommit=True) as conn:
@@ -46,16 +48,17 @@ async def _migrate(
 ) -> list[int]:
     applied_now: list[int] = []
     lock_key = f"runrow.migrate:{schema}"
-    for step in steps[:goal]:
+    latest = steps[-1].version  # (numbers may skip one a parallel change holds)
+    for step in (s for s in steps if s.version <= goal):
         version, name = step.version, step.name
         async with conn.transaction():
-            done = await _schema.lock_for_migration(conn, schema, lock_key=lock_key)
+            done = await run(conn, _schema.lock_for_migration(schema, lock_key=lock_key))
             newest = max(done, default=0)
-            if newest > len(steps):
-                raise SchemaOutOfDate(schema, newest, len(steps))
+            if newest > latest:
+                raise SchemaOutOfDate(schema, newest, latest)
             if version in done:
                 continue
-            await _schema.apply_migration(conn, schema, step=step)
+            await run(conn, _schema.apply_migration(schema, step=step))
             applied_now.append(version)
             log.info(
                 "applied migration %04d_%s to schema %s",

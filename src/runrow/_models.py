@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
+
+from ._errors import ChildCancelled, ChildFailed
+from ._status import TERMINAL
+from ._status import RunStatus as RunStatus  # (the vocabulary lives in _status.py)
 
 if TYPE_CHECKING:
     import uuid
     from datetime import datetime
-
-RunStatus = Literal["queued", "running", "waiting", "completed", "failed", "cancelled", "expired"]
-TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled", "expired"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +43,9 @@ class RunInfo:
     idempotency_key: str | None
     retry_of: uuid.UUID | None
     worker_id: str | None
+    """The worker running the run, or the last one that ran it once it ended; None while
+    it is queued or waiting (a worker that parked a run let go of it: the row keeps that
+    worker's id, but it holds nothing and may be long gone)."""
     cancel_requested: bool
     error: dict[str, Any] | None
     created_at: datetime
@@ -61,10 +65,35 @@ class RunInfo:
     """How many times input resumed the run after it waited (see ``wait_for_input``)."""
     input_deadline_at: datetime | None = None
     """While the run is ``waiting``: when its wait ends if no input comes (None: never)."""
+    version: str | None = None
+    """The code version the run started with (its first claim's ``Dispatcher(version=)``;
+    a retry keeps its turn's). None: never claimed, or by an unversioned worker."""
+    worker_version: str | None = None
+    """The version of the worker that claimed it last (what ``runrow workers wait`` drains by)."""
+    agent_key: str | None = None
+    """The agent that runs it (``enqueue(agent_key=...)``, ``RunContext.spawn``); None: the default."""
+    parent_run_id: uuid.UUID | None = None
+    """A spawned child's parent (the first run of the spawning turn); None for a host's turn."""
+    root_run_id: uuid.UUID | None = None
+    """A spawned child's tree root (the first run of the root turn); None for a host's turn."""
+
+    def __post_init__(self) -> None:
+        # The column outlives the claim (parking keeps it); what a host shows is who holds it.
+        if self.worker_id is not None and holder(self.status, self.worker_id) is None:
+            object.__setattr__(self, "worker_id", None)
 
     @property
     def terminal(self) -> bool:
         return self.status in TERMINAL
+
+
+_UNHELD = frozenset({"queued", "waiting"})
+
+
+def holder(status: str, worker_id: str | None) -> str | None:
+    """The worker to show for a run in ``status`` whose row names ``worker_id``: none while
+    it is queued or waiting, whatever worker parked it."""
+    return None if status in _UNHELD else worker_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,3 +165,64 @@ class QueuePosition:
     estimated_wait_seconds: float | None
     throughput_per_minute: float
     exact: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """A schedule as stored (see :func:`runrow.add_schedule`): when it fires (``cron`` in
+    ``timezone``, or every ``interval_seconds``), the turn each tick enqueues, its
+    policies, and what its fires have done so far."""
+
+    name: str
+    cron: str | None
+    interval_seconds: float | None
+    timezone: str
+    conversation_id: str
+    user_id: str
+    tenant_id: str | None
+    content: Any
+    request: Any
+    overlap: str
+    """``skip`` (a tick while the previous tick's run is live is skipped) or ``queue``."""
+    catch_up: str
+    """After downtime: ``none``, ``last`` or ``all`` (up to ``catch_up_limit`` ticks)."""
+    catch_up_limit: int
+    paused: bool
+    next_fire_at: datetime
+    last_tick_at: datetime | None
+    last_run_id: uuid.UUID | None
+    fired_ticks: int
+    skipped_ticks: int
+    last_skipped_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ChildResult:
+    """How a child run a parent waited on ended (``RunContext.wait_for_children``).
+
+    ``run_id`` is the child's (its first run's, as ``spawn`` returned it); ``status`` its
+    latest attempt's status (``completed``, ``failed``, ``cancelled`` or ``expired``; or a
+    live status for a child still going, after a "first of" wait); ``answer`` the content
+    of the last message it wrote (``write_message``, or its streamed answer), None if none;
+    ``error`` its error record if it failed."""
+
+    run_id: uuid.UUID
+    status: RunStatus
+    answer: Any = None
+    error: dict[str, Any] | None = None
+
+    @property
+    def ended(self) -> bool:
+        """Whether the child has ended (its status is terminal)."""
+        return self.status in TERMINAL
+
+    def get(self) -> Any:
+        """The child's answer; raises :class:`~runrow.ChildCancelled` if it was cancelled,
+        :class:`~runrow.ChildFailed` if it failed or expired (or has not ended)."""
+        if self.status == "completed":
+            return self.answer
+        if self.status == "cancelled":
+            raise ChildCancelled(self.run_id, self.status, self.error)
+        raise ChildFailed(self.run_id, self.status, self.error)

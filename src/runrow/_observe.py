@@ -1,7 +1,8 @@
 """Hooks for metrics and tracing: subclass :class:`Observer`, pass ``Dispatcher(observers=[...])``.
 
-Every hook is a no-op here. Hooks are called on the dispatcher's event loop and must be
-quick and must not raise (an exception is logged and otherwise ignored). ``run_scope``
+Every hook is a no-op here. A hook about one run gets a read-only
+:class:`~runrow.RunView` of it (never the agent's ``RunContext``). Hooks are called
+on the dispatcher's event loop and must be quick and must not raise (an exception is logged and otherwise ignored). ``run_scope``
 wraps the agent call, so a tracer can make the run's span current for the agent's own
 spans.
 """
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-    from ._engine.context import RunContext
+    from ._engine.view import RunView
 
 __all__ = ["Observer", "Observers"]
 
@@ -28,26 +29,26 @@ class Observer:
     def claimed(self, *, count: int, seconds: float) -> None:
         """One claim statement took ``count`` runs in ``seconds``."""
 
-    def run_started(self, run: RunContext, *, queue_wait: float) -> None:
+    def run_started(self, run: RunView, *, queue_wait: float) -> None:
         """A claimed run's agent is about to be called; it waited ``queue_wait`` s in the queue."""
 
-    def run_scope(self, run: RunContext) -> contextlib.AbstractContextManager[None]:
+    def run_scope(self, run: RunView) -> contextlib.AbstractContextManager[None]:
         """A context manager around the agent call (a tracing span, say)."""
         return contextlib.nullcontext()
 
-    def first_event(self, run: RunContext, *, seconds: float) -> None:
+    def first_event(self, run: RunView, *, seconds: float) -> None:
         """The run's first journal flush landed ``seconds`` after the agent started."""
 
-    def journal_flush(self, run: RunContext, *, rows: int) -> None:
+    def journal_flush(self, run: RunView, *, rows: int) -> None:
         """A flush wrote ``rows`` journal rows for the run."""
 
-    def run_finished(self, run: RunContext, *, status: str, seconds: float, recorded: bool) -> None:
+    def run_finished(self, run: RunView, *, status: str, seconds: float, recorded: bool) -> None:
         """The run ended ``status`` after ``seconds``; ``recorded`` is False when its ending
         could not be written (claim lost, or the database was unreachable). Called from
         the worker's ending writer once the write is answered, not from the run's own
         task: context variables set during the run are not visible here."""
 
-    def claim_lost(self, run: RunContext) -> None:
+    def claim_lost(self, run: RunView) -> None:
         """The worker stood down: someone else ended or took over the run."""
 
     def heartbeat(self, *, runs: int, lag: float) -> None:
@@ -77,10 +78,10 @@ class Observers:
             except Exception:  # an observer must never break a run
                 log.exception("observer %r failed", obs, extra={"worker_id": self._worker_id})
 
-    def scopes(self, run: RunContext) -> contextlib.AbstractContextManager[object]:
+    def scopes(self, run: RunView | None) -> contextlib.AbstractContextManager[object]:
         """The observers' scopes around one agent call, entered; none without observers
-        (an ExitStack's exit costs measurably per run)."""
-        if not self._list:
+        (an ExitStack's exit costs measurably per run; ``run`` is None then)."""
+        if not self._list or run is None:
             return contextlib.nullcontext()
         scopes = contextlib.ExitStack()
         try:

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, get_args
+from typing import TYPE_CHECKING
 
 from . import _json
 from ._db import Database, perform, schema_guard, statement_conn
 from ._errors import InvalidInput, RunNotFound
 from ._gateway import reads
+from ._gateway._exec import run
 from ._json import parse_run_id
-from ._models import RunStatus
 from ._names import DEFAULT_SCHEMA, check_schema
 from ._ops import self_contained
+from ._status import QUEUED, RUNNING, STATUSES
 
 if TYPE_CHECKING:
     import uuid
@@ -49,13 +50,13 @@ async def list_runs(
     """Runs, newest first, optionally of one conversation and/or one status."""
     check_schema(schema)
     _json.check_id(conversation_id, "conversation_id", optional=True)
-    if status is not None and status not in get_args(RunStatus):
+    if status is not None and status not in STATUSES:
         raise InvalidInput("status", f"unknown status {status!r}")
     if not 1 <= limit <= 10_000:
         raise InvalidInput("limit", "must be between 1 and 10000")
     async with schema_guard(db, schema), statement_conn(db) as conn:
-        return await reads.list_runs(
-            conn, schema, conversation_id=conversation_id, status=status, limit=limit
+        return await run(
+            conn, reads.list_runs(schema, conversation_id=conversation_id, status=status, limit=limit)
         )
 
 
@@ -69,7 +70,7 @@ async def transcript(db: Database, conversation_id: str, *, schema: str = DEFAUL
     check_schema(schema)
     _json.check_id(conversation_id, "conversation_id")
     async with schema_guard(db, schema), statement_conn(db) as conn:
-        return await reads.transcript(conn, schema, conversation_id=conversation_id)
+        return await run(conn, reads.transcript(schema, conversation_id=conversation_id))
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,24 +82,20 @@ class QueueStats:
 
     @property
     def queued(self) -> int:
-        return self.by_status.get("queued", 0)
+        return self.by_status.get(QUEUED, 0)
 
     @property
     def running(self) -> int:
-        return self.by_status.get("running", 0)
+        return self.by_status.get(RUNNING, 0)
 
 
 async def queue_stats(db: Database, *, schema: str = DEFAULT_SCHEMA) -> QueueStats:
     """Queued and running counts, the oldest queued run's age, last hour's outcomes."""
     check_schema(schema)
     async with schema_guard(db, schema), statement_conn(db) as conn:
-        rows = await reads.stats(conn, schema)
+        rows = await run(conn, reads.stats(schema))
     oldest = next(
-        (
-            r.oldest_queued_seconds
-            for r in rows
-            if r.status == "queued" and r.oldest_queued_seconds is not None
-        ),
+        (r.oldest_queued_seconds for r in rows if r.status == QUEUED and r.oldest_queued_seconds is not None),
         None,
     )
     return QueueStats({r.status: r.runs for r in rows}, oldest)

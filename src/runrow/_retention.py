@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from ._db import Database, schema_guard, statement_conn
 from ._errors import InvalidInput
 from ._gateway import retention as _gw
+from ._gateway._exec import run
 from ._names import DEFAULT_SCHEMA, check_schema
 
 __all__ = ["TrimResult", "trim"]
@@ -40,8 +41,8 @@ async def trim(
     runs = events = 0
     while True:
         async with schema_guard(db, schema), statement_conn(db) as conn:
-            done = await _gw.trim(
-                conn, schema, retention_seconds=retention.total_seconds(), limit=batch, now=now
+            done = await run(
+                conn, _gw.trim(schema, retention_seconds=retention.total_seconds(), limit=batch, now=now)
             )
         runs += done.runs
         events += done.events

@@ -8,12 +8,14 @@ from typing import TYPE_CHECKING, Literal
 
 from . import _json
 from ._db import Database, perform
-from ._enqueue import _conversation_lock, _when
+from ._enqueue import _conversation_lock
+from ._enqueue_options import when
 from ._errors import DeadlinePassed, InvalidInput, RunNotFound, RunrowError, RunTrimmed
 from ._gateway import submit
 from ._models import Run
 from ._names import DEFAULT_SCHEMA, Channels, check_schema
 from ._ops import in_transaction
+from ._status import RETRYABLE
 
 if TYPE_CHECKING:
     import uuid
@@ -72,7 +74,7 @@ def retry_run_op(run_id: uuid.UUID | str, *, deadline: RetryDeadline = KEEP, sch
         keep, deadline_at, deadline_in = True, None, None
     else:
         keep = False
-        deadline_at, deadline_in = _when(deadline, "deadline")
+        deadline_at, deadline_in = when(deadline, "deadline")
     retried: tuple[submit.RunRef | None, submit.RunRef | None, submit.RetrySource | None]
     retried = yield in_transaction(_retry(schema, rid, keep, deadline_at, deadline_in))
     new, found, original = retried
@@ -82,7 +84,7 @@ def retry_run_op(run_id: uuid.UUID | str, *, deadline: RetryDeadline = KEEP, sch
         return Run(*found, created=False)
     if original is None:
         raise RunNotFound(rid)
-    if original.status not in ("failed", "cancelled", "expired"):
+    if original.status not in RETRYABLE:
         raise InvalidInput(
             "run_id", f"{rid} is {original.status}; only failed, cancelled or expired runs can be retried"
         )

@@ -3,12 +3,23 @@
 Statements are written with ``{schema}`` placeholders. The schema name is inserted
 with :class:`psycopg.sql.Identifier` in exactly one place (:func:`statement`); values
 are always bound parameters.
+
+Fragments: a ``-- fragment: name`` block is a piece of SQL text that statements in any
+file take as ``{name}``, expanded once, when the statements are loaded (so the text sent,
+and each statement's plan, is as if written out). They write once what must read the
+same everywhere: the live set of statuses, which every query meant to use a partial
+index on the live states must spell as that index's predicate does (the schema cannot
+hold it in a function or a view without a migration, and a predicate can name neither),
+and CTEs two statements share. ``tests/test_status_vocabulary.py`` holds the live set
+together with the partial indexes' predicates, and ``tests/test_sql_catalogue.py`` checks
+that every fragment is used and every ``{name}`` is one.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.resources
+import itertools
 import re
 from pathlib import Path
 from types import MappingProxyType
@@ -19,7 +30,8 @@ from psycopg import sql
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-_NAME = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
+_NAME = re.compile(r"^--\s*(name|fragment):\s*([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
+_BRACED = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
 _PLACEHOLDER = re.compile(r"%\(([a-z_][a-z0-9_]*)\)s|%%|%")
 
 
@@ -36,38 +48,74 @@ def _sql_dir() -> Path:
     )
 
 
-def _parse(text: str, source: str) -> dict[str, str]:
-    found: dict[str, str] = {}
+class _Parsed(NamedTuple):
+    statements: dict[str, str]
+    fragments: dict[str, str]
+
+
+def _parse(text: str, source: str) -> _Parsed:
+    found = _Parsed({}, {})
     marks = list(_NAME.finditer(text))
     for i, mark in enumerate(marks):
         end = marks[i + 1].start() if i + 1 < len(marks) else len(text)
         body = "\n".join(
             line for line in text[mark.end() : end].splitlines() if not line.lstrip().startswith("--")
         ).strip()
-        name = mark.group(1)
+        kind, name = mark.group(1), mark.group(2)
+        into = found.statements if kind == "name" else found.fragments
         if not body:
-            raise RuntimeError(f"{source}: statement {name!r} is empty")
-        if name in found:
-            raise RuntimeError(f"{source}: statement {name!r} is defined twice")
-        found[name] = body
+            raise RuntimeError(f"{source}: {'statement' if kind == 'name' else kind} {name!r} is empty")
+        if name in found.statements or name in found.fragments:
+            raise RuntimeError(f"{source}: {name!r} is defined twice")
+        into[name] = body
     return found
 
 
+def _expand(name: str, body: str, fragments: Mapping[str, str]) -> str:
+    """``body`` with each ``{fragment}`` written out (``{schema}`` stays for :func:`render`)."""
+
+    def text(match: re.Match[str]) -> str:
+        found = match.group(1)
+        if found == "schema":
+            return match.group(0)
+        if found not in fragments:
+            raise RuntimeError(f"statement {name!r}: no SQL fragment named {found!r} under sql/")
+        return _expand(name, fragments[found], fragments)  # (a fragment may use another)
+
+    return _BRACED.sub(text, body)
+
+
 @functools.cache
-def statements() -> Mapping[str, str]:
-    """Every named statement, by name, across ``sql/*.sql``."""
-    merged: dict[str, str] = {}
+def _load() -> _Parsed:
+    merged = _Parsed({}, {})
     for path in sorted(_sql_dir().glob("*.sql")):
-        for name, body in _parse(path.read_text(encoding="utf-8"), path.name).items():
-            if name in merged:
-                raise RuntimeError(f"{path.name}: statement {name!r} is defined in two files")
-            merged[name] = body
-    return MappingProxyType(merged)
+        parsed = _parse(path.read_text(encoding="utf-8"), path.name)
+        for into, found in ((merged.statements, parsed.statements), (merged.fragments, parsed.fragments)):
+            for name, body in found.items():
+                if name in merged.statements or name in merged.fragments:
+                    raise RuntimeError(f"{path.name}: {name!r} is defined in two files")
+                into[name] = body
+    if "schema" in merged.fragments:
+        raise RuntimeError("a SQL fragment may not be named 'schema'")
+    return _Parsed(
+        {name: _expand(name, body, merged.fragments) for name, body in merged.statements.items()},
+        merged.fragments,
+    )
+
+
+def statements() -> Mapping[str, str]:
+    """Every named statement, by name, across ``sql/*.sql``, its fragments written out."""
+    return MappingProxyType(_load().statements)
+
+
+def fragments() -> Mapping[str, str]:
+    """Every named fragment (``-- fragment: name``), by name, across ``sql/*.sql``."""
+    return MappingProxyType(_load().fragments)
 
 
 @functools.cache
 def migrations() -> tuple[tuple[int, str, str], ...]:
-    """``(version, name, text)`` of every migration, in order."""
+    """``(version, name, text)`` of every migration, in order (numbers may skip, see below)."""
     found = []
     for path in sorted((_sql_dir() / "migrations").glob("*.sql")):
         number, _, rest = path.stem.partition("_")
@@ -75,8 +123,11 @@ def migrations() -> tuple[tuple[int, str, str], ...]:
             raise RuntimeError(f"migration file {path.name} must start with its number")
         found.append((int(number), rest or path.stem, path.read_text(encoding="utf-8")))
     versions = [v for v, _, _ in found]
-    if versions != list(range(1, len(versions) + 1)):
-        raise RuntimeError(f"migrations must be numbered 1..n without gaps, found {versions}")
+    # Strictly increasing from 1. A gap is allowed: branches developed side by side each
+    # take a number, and one may land before another (``migrate`` applies whichever
+    # versions a schema lacks; the schema's version is its highest).
+    if not versions or versions[0] != 1 or any(b <= a for a, b in itertools.pairwise(versions)):
+        raise RuntimeError(f"migrations must be numbered from 1, strictly increasing, found {versions}")
     return tuple(found)
 
 

@@ -12,9 +12,11 @@ from ._json import parse_run_id
 from ._models import StopResult
 from ._names import DEFAULT_SCHEMA, Channels, check_schema
 from ._ops import in_transaction
+from ._status import QUEUED, RUNNING, WAITING
 
 if TYPE_CHECKING:
     import uuid
+    from collections.abc import Sequence
 
     from ._gateway._exec import Plan
     from ._gateway.stop import LockedRun
@@ -49,14 +51,18 @@ def stop_conversation_op(conversation_id: str, *, schema: str) -> Operation[Stop
 
 
 def stop_locked(schema: str, conversation_id: str) -> Plan[StopResult]:
-    """The stop sweep, in a transaction (stop, interrupt)."""
+    """The stop sweep, in a transaction (stop, interrupt): the turns' descendants (child
+    runs: see ``lock_descendants`` for why they come first), the turns, then any child
+    spawned meanwhile."""
+    kin = yield from _gw.lock_descendants(schema, conversation_id=conversation_id)
     yield from _gw.lock_conversation_runs(schema, conversation_id=conversation_id)
     # Once more, in a new snapshot: a run that ended while the first sweep waited for its
     # lock may have queued its automatic retry in the same commit, unseen by that sweep.
     # (A run still running is locked now: its ending waits for this stop, sees the
     # stop's flag and queues no retry.)
     runs = yield from _gw.lock_conversation_runs(schema, conversation_id=conversation_id)
-    return (yield from _stop(schema, runs))
+    kin += yield from _gw.lock_descendants(schema, conversation_id=conversation_id)
+    return (yield from _stop(schema, runs, kin))
 
 
 async def cancel_run(db: Database, run_id: uuid.UUID | str, *, schema: str = DEFAULT_SCHEMA) -> StopResult:
@@ -76,24 +82,28 @@ def cancel_run_op(run_id: uuid.UUID | str, *, schema: str) -> Operation[StopResu
 
 def _cancel(schema: str, rid: uuid.UUID) -> Plan[StopResult]:
     """Locks one run and stops it; :class:`RunNotFound` if there is none."""
+    kin = yield from _gw.lock_descendants(schema, run_id=rid)
     run = yield from _gw.lock_run(schema, run_id=rid)
     if run is None:
         raise RunNotFound(rid)
-    return (yield from _stop(schema, [run]))
+    kin += yield from _gw.lock_descendants(schema, run_id=rid)
+    return (yield from _stop(schema, [run], kin))
 
 
-def _stop(schema: str, runs: list[LockedRun]) -> Plan[StopResult]:
-    """Cancels the queued and waiting runs among ``runs`` and flags the running ones (all
-    locked)."""
+def _stop(schema: str, runs: list[LockedRun], kin: Sequence[LockedRun] = ()) -> Plan[StopResult]:
+    """Cancels the queued and waiting runs among ``runs`` and their descendants ``kin``
+    and flags the running ones (all locked)."""
     channels = Channels.for_schema(schema)
-    queued = [r.id for r in runs if r.status == "queued" and not r.resumed]
-    running = [r.id for r in runs if r.status == "running"]
-    paused = [r.id for r in runs if r.status == "waiting" or (r.status == "queued" and r.resumed)]
+    seen = {r.id for r in runs}
+    runs = [*runs, *(r for r in {k.id: k for k in kin}.values() if r.id not in seen)]
+    queued = [r.id for r in runs if r.status == QUEUED and not r.resumed]
+    running = [r.id for r in runs if r.status == RUNNING]
+    paused = [r.id for r in runs if r.status == WAITING or (r.status == QUEUED and r.resumed)]
     drafts: list[Draft] = []
     flagged: list[uuid.UUID] = []
     ended: list[uuid.UUID] = []
     if queued:
-        drafts = yield from _gw.cancel_queued(schema, ids=queued, events_prefix=channels.events_prefix)
+        drafts = yield from _gw.cancel_queued(schema, ids=queued, channels=channels)
     if paused:
         ended = yield from _gw.cancel_paused(schema, ids=paused, channels=channels)
     if running:

@@ -18,8 +18,8 @@ from ._events import KEEPALIVE, TERMINAL_EVENT, Event
 from ._gateway import tail as _gw
 from ._gateway._exec import configure_own, run
 from ._json import parse_run_id
-from ._models import TERMINAL
 from ._names import DEFAULT_SCHEMA, Channels, check_schema
+from ._status import TERMINAL
 from ._tailbatch import batcher
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """Tenants and the fair queue: weights, concurrency caps, and where a queued run stands.
 
-The claim order (``sql/runs.sql``, statement ``claim``), exactly:
+The claim order (``sql/claims.sql``, statement ``claim``), exactly:
 
 1. Eligible runs: ``queued``; due (``not_before`` is NULL or not after the database's
    ``now()``); the oldest queued turn of their conversation, with no turn of it
@@ -27,6 +27,7 @@ from ._enqueue import THROUGHPUT_WINDOW_SECONDS
 from ._errors import InvalidInput, RunNotFound
 from ._gateway import reads
 from ._gateway import tenants as _gw
+from ._gateway._exec import run
 from ._json import parse_run_id
 from ._models import QueuePosition, TenantPolicy
 from ._names import DEFAULT_SCHEMA, check_schema
@@ -71,8 +72,8 @@ async def set_tenant_policy(
     ):
         raise InvalidInput("max_running", "must be a positive integer or None")
     async with schema_guard(db, schema), atomic(db) as conn:
-        return await _gw.set_tenant_policy(
-            conn, schema, tenant_id=tenant_id, weight=weight, max_running=max_running
+        return await run(
+            conn, _gw.set_tenant_policy(schema, tenant_id=tenant_id, weight=weight, max_running=max_running)
         )
 
 
@@ -80,7 +81,7 @@ async def tenant_policies(db: Database, *, schema: str = DEFAULT_SCHEMA) -> list
     """Every tenant policy set; tenants without one have weight 1 and no cap."""
     check_schema(schema)
     async with schema_guard(db, schema), statement_conn(db) as conn:
-        return await _gw.list_tenant_policies(conn, schema)
+        return await run(conn, _gw.list_tenant_policies(schema))
 
 
 async def queue_position(

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
-import importlib
 import json
 import logging
 import os
 import signal
 import sys
-import uuid
-from datetime import datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,14 +15,29 @@ import anyio
 import psycopg
 
 from ._cli_args import build_parser
+from ._cli_check import cmd_check
+from ._cli_schedules import cmd_schedules
+from ._cli_send import cmd_send
 from ._cli_support import (
+    EXIT_BROKEN_PIPE,
+    EXIT_INTERRUPTED,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
     DatabaseUnreachable,
+    check_url,
     configure_logging,
     describe_connect_error,
+    load_agent,
     run_id_arg,
+    run_text,
+    silence_stdout,
     wait_for_database,
     web,
 )
+from ._cli_support import database_url as _database_url
+from ._cli_support import jsonable as _jsonable
+from ._cli_support import out as _out
+from ._cli_workers import cmd_workers
 from ._errors import RunrowError
 
 if TYPE_CHECKING:
@@ -35,52 +47,6 @@ if TYPE_CHECKING:
 __all__ = ["build_parser", "main", "run_command"]
 
 log = logging.getLogger("runrow.cli")
-
-
-def _jsonable(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, uuid.UUID | datetime):
-        return str(value)
-    return value
-
-
-def _out(args: argparse.Namespace, data: Any, text: str) -> None:
-    print(json.dumps(_jsonable(data), indent=None if args.json else 2) if args.json else text)
-
-
-def _database_url(args: argparse.Namespace) -> str:
-    url: str | None = args.database_url or os.environ.get("DATABASE_URL")
-    if not url:
-        raise SystemExit(
-            "runrow: no database: pass --database-url URL or set DATABASE_URL "
-            '(for a local one: eval "$(runrow dev-db start)")'
-        )
-    return url
-
-
-def load_agent(spec: str) -> Callable[..., Any]:
-    """``package.module:callable`` -> the callable (the agent for ``runrow worker``)."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise SystemExit(f"runrow: agent must look like module:callable, got {spec!r}")
-    sys.path.insert(0, os.getcwd())
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise SystemExit(f"runrow: cannot import {module_name!r}: {exc}") from None
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise SystemExit(f"runrow: {module_name!r} has no attribute {attr!r}") from None
-    if not callable(obj):
-        raise SystemExit(f"runrow: {spec} is not callable")
-    return obj  # type: ignore[no-any-return]
 
 
 # -- commands ------------------------------------------------------------------------
@@ -104,6 +70,8 @@ async def cmd_worker(args: argparse.Namespace) -> int:
 
     agent = load_agent(args.agent)
     url = _database_url(args)
+    if args.listen_database_url:
+        check_url(args.listen_database_url, "--listen-database-url")
 
     def say(text: str, data: dict[str, Any]) -> None:
         print(json.dumps(data) if args.json else text, flush=True)
@@ -123,18 +91,27 @@ async def cmd_worker(args: argparse.Namespace) -> int:
             grace=args.grace_seconds,
             poll=args.poll_seconds,
             worker_id=args.worker_id,
+            version=args.code_version,
+            resume_policy=args.resume_policy,
             notifications=not args.no_notify,
             prepared_statements=not args.no_prepared_statements,
             listen_conninfo=args.listen_database_url,
             log_error_messages=args.log_error_messages,
+            record_tracebacks=args.record_tracebacks,
             retry=None
             if args.retry_attempts <= 1
             else RetryPolicy(max_attempts=args.retry_attempts, backoff=args.retry_backoff_seconds),
         )
         async with dispatcher:
             say(
-                f"runrow worker {dispatcher.worker_id} ready (concurrency {args.concurrency})",
-                {"event": "ready", "worker_id": dispatcher.worker_id, "concurrency": args.concurrency},
+                f"runrow worker {dispatcher.worker_id} ready (concurrency {args.concurrency}), "
+                f"version {dispatcher.settings.version or '-'}",
+                {
+                    "event": "ready",
+                    "worker_id": dispatcher.worker_id,
+                    "concurrency": args.concurrency,
+                    "version": dispatcher.settings.version,
+                },
             )
             async for signum in signals:
                 name = signal.Signals(signum).name
@@ -160,10 +137,20 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_line(r: Any) -> str:
-    err = f"  {r.error.get('type')}: {r.error.get('message', '')}" if r.error else ""
-    attempt = f"  attempt {r.attempt}" if r.attempt > 1 else ""
-    return f"{r.id}  {r.status:<9}  {r.conversation_id}  {r.created_at:%Y-%m-%d %H:%M:%S}{attempt}{err}"
+def _run_lines(runs: list[Any]) -> str:
+    """`runs list`: a header row over aligned columns (the conversation's as wide as its longest)."""
+    if not runs:
+        return "(no runs)"
+    wide = max(len("CONVERSATION"), *(len(r.conversation_id) for r in runs))
+    lines = [f"{'RUN ID':<36}  {'STATUS':<9}  {'CONVERSATION':<{wide}}  CREATED"]
+    for r in runs:
+        err = f"  {r.error.get('type')}: {r.error.get('message', '')}" if r.error else ""
+        attempt = f"  attempt {r.attempt}" if r.attempt > 1 else ""
+        attempt += f"  version {r.version}" if r.version else ""
+        lines.append(
+            f"{r.id}  {r.status:<9}  {r.conversation_id:<{wide}}  {r.created_at:%Y-%m-%d %H:%M:%S}{attempt}{err}"
+        )
+    return "\n".join(lines)
 
 
 async def cmd_runs(args: argparse.Namespace) -> int:
@@ -181,10 +168,9 @@ async def cmd_runs(args: argparse.Namespace) -> int:
         runs = await list_runs(
             url, conversation_id=args.conversation, status=args.status, limit=args.limit, schema=args.schema
         )
-        _out(args, runs, "\n".join(_run_line(r) for r in runs) or "(no runs)")
+        _out(args, runs, _run_lines(runs))
     elif args.runs_command == "show":
-        run = await get_run(url, args.run_id, schema=args.schema)
-        _out(args, run, "\n".join(f"{k:>18}: {v}" for k, v in _jsonable(run).items()))
+        _out(args, run := await get_run(url, args.run_id, schema=args.schema), run_text(_jsonable(run)))
     elif args.runs_command == "tail":
         async for ev in tail(
             url,
@@ -298,11 +284,8 @@ async def cmd_stats(args: argparse.Namespace) -> int:
     oldest = "-" if s.oldest_queued_seconds is None else f"{s.oldest_queued_seconds:.1f}s"
     lines = [f"queued {s.queued}  running {s.running}  oldest queued {oldest}"]
     lines += [f"  {k:<9} {v}" for k, v in sorted(s.by_status.items())]
-    _out(
-        args,
-        {"by_status": s.by_status, "oldest_queued_seconds": s.oldest_queued_seconds},
-        "\n".join(lines),
-    )
+    data = {"by_status": s.by_status, "oldest_queued_seconds": s.oldest_queued_seconds}
+    _out(args, data, "\n".join(lines))
     return 0
 
 
@@ -339,6 +322,10 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = 
     "worker": cmd_worker,
     "runs": cmd_runs,
     "stop": cmd_stop,
+    "send": cmd_send,
+    "workers": cmd_workers,
+    "schedules": cmd_schedules,
+    "check": cmd_check,
     "trim": cmd_trim,
     "stats": cmd_stats,
     "dev-db": cmd_dev_db,
@@ -354,6 +341,8 @@ def _demo(args: argparse.Namespace) -> int:
         ) from None
     if args.workers < 0:
         raise SystemExit("runrow demo: --workers must be 0 or more")
+    if args.database_url:
+        check_url(args.database_url, "--database-url")
     return run_demo(
         host=args.host,
         port=args.port,
@@ -383,16 +372,26 @@ def run_command(args: argparse.Namespace) -> int:
         return anyio.run(COMMANDS[args.command], args, backend="asyncio")
     except DatabaseUnreachable as exc:
         print(f"runrow: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_UNREACHABLE
     except psycopg.OperationalError as exc:  # a connect that failed: where, why, what to check
         url = getattr(args, "database_url", None) or os.environ.get("DATABASE_URL", "")
         print(f"runrow: {describe_connect_error(url, exc)}", file=sys.stderr)
-        return 1
+        return EXIT_UNREACHABLE
     except RunrowError as exc:
         print(f"runrow: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
+    except SystemExit as exc:
+        if not isinstance(exc.code, str):
+            raise
+        # A message (an agent that does not load, an extra not installed): Python would
+        # exit 1, which the help reserves for a database that cannot be reached.
+        print(exc.code, file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # the output's reader went away (`runrow runs tail RUN | head`)
+        silence_stdout()
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":  # pragma: no cover

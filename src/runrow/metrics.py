@@ -34,8 +34,11 @@ from prometheus_client.registry import Collector
 from ._db import Database, atomic
 from ._errors import ConfigurationError
 from ._gateway import metrics as _gw
+from ._gateway import workers as _workers
+from ._gateway._exec import run
 from ._names import DEFAULT_SCHEMA, check_schema
 from ._observe import Observer
+from ._status import QUEUED, WAITING
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
@@ -44,7 +47,7 @@ if TYPE_CHECKING:
     from anyio.abc import TaskGroup, TaskStatus
     from prometheus_client.metrics_core import Metric
 
-    from ._engine.context import RunContext
+    from ._engine.view import RunView
     from ._hub import NotifyHub
 
 __all__ = ["PrometheusObserver", "QueueCollector", "with_metrics"]
@@ -146,24 +149,24 @@ class PrometheusObserver(Observer):
         self.claim_seconds.observe(seconds)
         self.runs_claimed.inc(count)
 
-    def run_started(self, run: RunContext, *, queue_wait: float) -> None:
+    def run_started(self, run: RunView, *, queue_wait: float) -> None:
         self.runs_started.inc()
         if run.attempt > 1:  # (attempts past 5 share a label: the label set stays small)
             self.retries_started.labels(attempt=str(run.attempt) if run.attempt <= 5 else "6+").inc()
         self.queue_wait_seconds.observe(max(0.0, queue_wait))
 
-    def first_event(self, run: RunContext, *, seconds: float) -> None:
+    def first_event(self, run: RunView, *, seconds: float) -> None:
         self.first_event_seconds.observe(seconds)
 
-    def journal_flush(self, run: RunContext, *, rows: int) -> None:
+    def journal_flush(self, run: RunView, *, rows: int) -> None:
         self.journal_flushes.inc()
         self.journal_rows.inc(rows)
 
-    def run_finished(self, run: RunContext, *, status: str, seconds: float, recorded: bool) -> None:
+    def run_finished(self, run: RunView, *, status: str, seconds: float, recorded: bool) -> None:
         self.runs_finished.labels(status=status, recorded="true" if recorded else "false").inc()
         self.run_duration_seconds.labels(status=status).observe(seconds)
 
-    def claim_lost(self, run: RunContext) -> None:
+    def claim_lost(self, run: RunView) -> None:
         self.claims_lost.inc()
 
     def heartbeat(self, *, runs: int, lag: float) -> None:
@@ -198,6 +201,7 @@ class QueueCollector(Collector):
     ``runrow_queue_stats_errors``     count  refreshes that failed or timed out
     ``runrow_hub_reconnects``         count  NotifyHub reconnects after a lost connection
     ``runrow_hub_connected``          gauge  hubs whose LISTEN connection is up
+    ``runrow_workers``                gauge  live registered workers, by ``version``
     ================================  =====  ============================================
     """
 
@@ -225,6 +229,10 @@ class QueueCollector(Collector):
         # (refreshed at (monotonic), {tenant: (queued, running, waiting, oldest queued seconds or nan)})
         self._cache: tuple[float, dict[str, tuple[int, int, int, float]]] | None = None
         self._seen: set[str] = set()
+        # Registered workers per version ('' for none), and every version seen (a drained
+        # version reports 0 rather than vanishing).
+        self._workers: dict[str, int] = {}
+        self._seen_versions: set[str] = set()
         self._tg: TaskGroup | None = None
         if register:
             (REGISTRY if registry is None else registry).register(self)
@@ -240,20 +248,23 @@ class QueueCollector(Collector):
         timeout_ms = str(max(1, int(self.timeout * 1000)))
         with anyio.fail_after(self.timeout + 1):
             async with atomic(self.db) as conn:
-                await _gw.bound_statement_timeout(conn, self.schema, timeout_ms=timeout_ms)
-                rows = await _gw.queue_depth_by_tenant(conn, self.schema)
+                await run(conn, _gw.bound_statement_timeout(self.schema, timeout_ms=timeout_ms))
+                rows = await run(conn, _gw.queue_depth_by_tenant(self.schema))
+                workers = await run(conn, _workers.count_by_version(self.schema))
         found: dict[str, tuple[int, int, int, float]] = {}
         for row in rows:
             queued, running, waiting, age = found.get(row.tenant, (0, 0, 0, math.nan))
-            if row.status == "queued":
+            if row.status == QUEUED:
                 queued, age = row.runs, row.oldest_seconds
-            elif row.status == "waiting":
+            elif row.status == WAITING:
                 waiting = row.runs
             else:
                 running = row.runs
             found[row.tenant] = (queued, running, waiting, age)
         self._cache = (time.monotonic(), found)
         self._seen |= found.keys()
+        self._workers = workers
+        self._seen_versions |= workers.keys()
         self.refreshes += 1
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -316,7 +327,20 @@ class QueueCollector(Collector):
             "runrow_hub_reconnects", "NotifyHub reconnects after a lost LISTEN connection"
         )
         connected = GaugeMetricFamily("runrow_hub_connected", "NotifyHubs whose LISTEN connection is up")
-        families: list[Metric] = [depth, running, waiting, oldest, age, errors, reconnects, connected]
+        workers = GaugeMetricFamily(
+            "runrow_workers", "Live registered workers, by version ('' for none)", labels=["version"]
+        )
+        families: list[Metric] = [
+            depth,
+            running,
+            waiting,
+            oldest,
+            age,
+            errors,
+            reconnects,
+            connected,
+            workers,
+        ]
         errors.add_metric([], self.errors)
         reconnects.add_metric([], sum(h.reconnects for h in self.hubs))
         connected.add_metric([], sum(1 for h in self.hubs if h.connected))
@@ -332,6 +356,8 @@ class QueueCollector(Collector):
             waiting.add_metric([tenant], w)
             if q:
                 oldest.add_metric([tenant], a)
+        for version in sorted(self._seen_versions):
+            workers.add_metric([version], self._workers.get(version, 0))
         return families
 
 

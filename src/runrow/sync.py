@@ -23,9 +23,9 @@ import psycopg
 from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
-from . import _enqueue, _inputs, _queries, _retry_run, _stop, _syncdb, _tenants
+from . import _enqueue, _inputs, _queries, _retry_run, _schedules, _stop, _syncdb, _tenants
 from ._db import describe
-from ._enqueue import DEFAULT_MAX_CONTENT_BYTES, OnBusy
+from ._enqueue_options import DEFAULT_MAX_CONTENT_BYTES, EnqueueOptions, OnBusy
 from ._events import KEEPALIVE, TERMINAL_EVENT, Event
 from ._gateway._exec import configure_own_sync, run_sync
 from ._names import DEFAULT_SCHEMA
@@ -37,15 +37,22 @@ if TYPE_CHECKING:
     from datetime import datetime, timedelta
 
     from ._gateway.inputs import PendingInput
-    from ._models import QueuePosition, Run, RunInfo, StopResult
+    from ._models import QueuePosition, Run, RunInfo, Schedule, StopResult
+    from ._schedule_time import CatchUp, Overlap
     from ._syncdb import SyncDatabase
 
 __all__ = [
+    "add_schedule",
     "cancel_run",
     "enqueue",
     "get_run",
+    "list_schedules",
+    "next_fires",
+    "pause_schedule",
     "provide_input",
     "queue_position",
+    "remove_schedule",
+    "resume_schedule",
     "retry_run",
     "stop_conversation",
     "tail",
@@ -72,32 +79,31 @@ def enqueue(
     max_queued_per_conversation: int | None = None,
     schema: str = DEFAULT_SCHEMA,
     max_content_bytes: int = DEFAULT_MAX_CONTENT_BYTES,
+    agent_key: str | None = None,
 ) -> Run:
     """:func:`runrow.enqueue` on a synchronous connection, pool or conninfo.
 
     Given a ``Connection`` inside a transaction, the message, the run, its first events
     and the wake commit with the caller's writes or roll back with them.
     """
-    return _syncdb.perform(
-        db,
-        schema,
-        _enqueue.enqueue_op(
-            conversation_id=conversation_id,
-            user_id=user_id,
-            content=content,
-            tenant_id=tenant_id,
-            idempotency_key=idempotency_key,
-            request=request,
-            priority=priority,
-            not_before=not_before,
-            deadline=deadline,
-            on_busy=on_busy,
-            max_queued_per_tenant=max_queued_per_tenant,
-            max_queued_per_conversation=max_queued_per_conversation,
-            schema=schema,
-            max_content_bytes=max_content_bytes,
-        ),
+    options = EnqueueOptions.checked(
+        conversation_id=conversation_id,
+        user_id=user_id,
+        content=content,
+        tenant_id=tenant_id,
+        idempotency_key=idempotency_key,
+        request=request,
+        priority=priority,
+        not_before=not_before,
+        deadline=deadline,
+        on_busy=on_busy,
+        max_queued_per_tenant=max_queued_per_tenant,
+        max_queued_per_conversation=max_queued_per_conversation,
+        schema=schema,
+        max_content_bytes=max_content_bytes,
+        agent_key=agent_key,
     )
+    return _syncdb.perform(db, schema, _enqueue.enqueue_op(options))
 
 
 def retry_run(
@@ -246,3 +252,68 @@ def _tail(
     finally:
         if own is not None:
             own.close()
+
+
+def add_schedule(
+    db: SyncDatabase,
+    name: str,
+    *,
+    conversation_id: str,
+    user_id: str,
+    content: Any,
+    cron: str | None = None,
+    every: float | timedelta | None = None,
+    timezone: str = "UTC",
+    tenant_id: str | None = None,
+    request: Any = None,
+    overlap: Overlap = "skip",
+    catch_up: CatchUp = "last",
+    catch_up_limit: int = 100,
+    paused: bool = False,
+    schema: str = DEFAULT_SCHEMA,
+) -> Schedule:
+    """:func:`runrow.add_schedule` on a synchronous connection, pool or conninfo."""
+    op = _schedules.add_schedule_op(
+        name,
+        conversation_id=conversation_id,
+        user_id=user_id,
+        content=content,
+        cron=cron,
+        every=every,
+        timezone=timezone,
+        tenant_id=tenant_id,
+        request=request,
+        overlap=overlap,
+        catch_up=catch_up,
+        catch_up_limit=catch_up_limit,
+        paused=paused,
+        schema=schema,
+    )
+    return _syncdb.perform(db, schema, op)
+
+
+def list_schedules(db: SyncDatabase, *, schema: str = DEFAULT_SCHEMA) -> list[Schedule]:
+    """:func:`runrow.list_schedules` on a synchronous connection, pool or conninfo."""
+    return _syncdb.perform(db, schema, _schedules.list_schedules_op(schema=schema))
+
+
+def pause_schedule(db: SyncDatabase, name: str, *, schema: str = DEFAULT_SCHEMA) -> Schedule | None:
+    """:func:`runrow.pause_schedule` on a synchronous connection, pool or conninfo."""
+    return _syncdb.perform(db, schema, _schedules.set_paused_op(name, paused=True, schema=schema))
+
+
+def resume_schedule(db: SyncDatabase, name: str, *, schema: str = DEFAULT_SCHEMA) -> Schedule | None:
+    """:func:`runrow.resume_schedule` on a synchronous connection, pool or conninfo."""
+    return _syncdb.perform(db, schema, _schedules.set_paused_op(name, paused=False, schema=schema))
+
+
+def remove_schedule(db: SyncDatabase, name: str, *, schema: str = DEFAULT_SCHEMA) -> bool:
+    """:func:`runrow.remove_schedule` on a synchronous connection, pool or conninfo."""
+    return _syncdb.perform(db, schema, _schedules.remove_schedule_op(name, schema=schema))
+
+
+def next_fires(
+    db: SyncDatabase, name: str, n: int = 5, *, schema: str = DEFAULT_SCHEMA
+) -> list[datetime] | None:
+    """:func:`runrow.next_fires` on a synchronous connection, pool or conninfo."""
+    return _syncdb.perform(db, schema, _schedules.next_fires_op(name, n, schema=schema))

@@ -3,7 +3,8 @@
 * ``run_agent`` runs one agent on one message in this process (no worker process): it
   enqueues the turn, runs a short-lived :class:`~runrow.Dispatcher` until the run ends,
   and returns an ``AgentResult``: the run's final row, its journal (every event, in
-  order) and the conversation's transcript.
+  order) and the conversation's transcript. ``inputs=`` scripts the answers to an agent
+  that waits for a person (``run.wait_for_input``).
 * ``ScriptedModel`` stands in for a model client: each call to its ``stream`` plays the
   next scripted response, chunk by chunk (text deltas, ``ToolCall`` objects, or any
   object you script).
@@ -28,33 +29,64 @@ from psycopg import AsyncConnection
 from ._engine.dispatcher import Dispatcher
 from ._enqueue import enqueue
 from ._errors import InvalidInput
-from ._events import CONTENT_DELTA, Event
+from ._events import CONTENT_DELTA, INPUT_REQUESTED, Event
 from ._gateway import schema as _schema
+from ._gateway._exec import run
+from ._inputs import provide_input, waiting_inputs
 from ._migrate import migrate
 from ._names import DEFAULT_SCHEMA
 from ._queries import get_run, transcript
 from ._tail import tail
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Sequence
+    from collections.abc import AsyncIterator, Mapping, Sequence
 
     from ._engine.context import Agent
-    from ._models import Message, RunInfo, RunStatus
+    from ._engine.signals import Signals
+    from ._models import Message, RunInfo
+    from ._status import RunStatus
 
 __all__ = [
     "TEST_SCHEMA_PREFIX",
     "AgentResult",
+    "InputNotScripted",
     "ScriptExhausted",
     "ScriptedModel",
     "ToolCall",
     "create_test_schema",
     "drop_test_schema",
     "run_agent",
+    "signals",
 ]
 
 TEST_SCHEMA_PREFIX = "runrow_test_"
 """Every schema :func:`~runrow.testing.create_test_schema` makes starts so;
 :func:`~runrow.testing.drop_test_schema` drops no other."""
+
+
+# -- signals ---------------------------------------------------------------------------
+
+
+def signals(dispatcher: Dispatcher) -> Signals:
+    """Named points of ``dispatcher``'s engine a test can wait for instead of sleeping
+    or polling: ``claimed`` (the ids each claim took), ``reaped`` (the ids each reaper
+    pass ended) and ``ended`` (each run's ending once answered: its id and the status
+    recorded, None if none was). Call before the dispatcher starts::
+
+        sig = runrow.testing.signals(d)
+        async with d:
+            run = await runrow.enqueue(...)
+            ended = await sig.ended.wait(lambda e: e.run_id == run.id)
+            assert ended.recorded == "completed"
+
+    ``wait(match, timeout=10)`` returns the first value ever fired that ``match``
+    accepts, so a wait that starts late still sees it. A dispatcher carries no signals
+    unless a test asks for them."""
+    from ._engine.signals import Signals
+
+    made = Signals()
+    dispatcher._use_signals(made)
+    return made
 
 
 # -- schemas -----------------------------------------------------------------------------
@@ -76,7 +108,7 @@ async def drop_test_schema(db: str, schema: str) -> None:
     if not schema.startswith(TEST_SCHEMA_PREFIX):
         raise InvalidInput("schema", f"drop_test_schema drops only schemas named {TEST_SCHEMA_PREFIX}...")
     async with await AsyncConnection.connect(db, autocommit=True) as conn:
-        await _schema.drop(conn, schema)
+        await run(conn, _schema.drop(schema))
 
 
 # -- running one turn --------------------------------------------------------------------
@@ -102,8 +134,19 @@ class AgentResult:
 
     @property
     def error(self) -> dict[str, Any] | None:
-        """A failed run's error (``{"type": ..., "message": ...}``), else None."""
-        return self.run.error
+        """A failed run's error (``{"type": ..., "message": ...}``), else None. Its
+        traceback is :attr:`traceback` (the row's ``run.error`` holds both)."""
+        if self.run.error is None:
+            return None
+        return {k: v for k, v in self.run.error.items() if k != "traceback"}
+
+    @property
+    def traceback(self) -> str | None:
+        """The agent's traceback if it raised (the run failed), else None. A failing
+        test shows it too: the worker's log line carries it, and pytest prints the
+        captured log of a failed test."""
+        traceback = (self.run.error or {}).get("traceback")
+        return traceback if isinstance(traceback, str) else None
 
     @property
     def event_types(self) -> list[str]:
@@ -123,6 +166,23 @@ class AgentResult:
         return [e.payload for e in self.events if e.type == event_type]
 
 
+class InputNotScripted(AssertionError):
+    """The agent waits for an input that ``run_agent``'s ``inputs=`` does not answer.
+
+    ``key`` and ``request`` are the wait's (as ``run.wait_for_input(key, request)`` gave
+    them); ``result`` is what the run left so far (its status ``waiting``, its journal
+    ending with the ``input_requested`` event)."""
+
+    def __init__(self, key: str, request: Any, result: AgentResult) -> None:
+        super().__init__(
+            f"run {result.run.id} waits for input {key!r} (request: {request!r}), which inputs= "
+            f"does not answer; pass inputs={{{key!r}: ...}} to script the answer"
+        )
+        self.key = key
+        self.request = request
+        self.result = result
+
+
 async def run_agent(
     db: str,
     agent: Agent,
@@ -133,6 +193,7 @@ async def run_agent(
     user_id: str = "test-user",
     tenant_id: str | None = None,
     request: Any = None,
+    inputs: Mapping[str, Any] | None = None,
     timeout: float = 30.0,
     **dispatcher_options: Any,
 ) -> AgentResult:
@@ -144,6 +205,13 @@ async def run_agent(
     journal until its terminal event, stops the dispatcher and reads the run's row and
     the transcript. A run that fails or is cancelled is returned, not raised: check
     :attr:`~runrow.testing.AgentResult.status` and :attr:`~runrow.testing.AgentResult.error`.
+
+    ``inputs`` scripts a person's answers, by key: each time the run parks waiting for
+    an input (``run.wait_for_input(key, request)``), the answer under its key is given
+    with :func:`runrow.provide_input`, as a host would, and the run resumes (waits made
+    at once are answered one at a time). A wait for a key not in ``inputs`` raises
+    :class:`~runrow.testing.InputNotScripted` at once, naming the key; the run is left
+    waiting.
 
     ``dispatcher_options`` go to the dispatcher. Unless given, ``flush_interval`` is 60 s,
     so the journal does not depend on timing: consecutive text deltas become one
@@ -165,10 +233,15 @@ async def run_agent(
             tenant_id=tenant_id,
             request=request,
         )
+        unscripted: tuple[str, Any] | None = None
         with anyio.move_on_after(timeout) as waited:
             async for event in tail(db, run.id, schema=schema, hub=dispatcher.hub, poll=0.05):
                 if not event.keepalive:
                     events.append(event)
+                if event.type == INPUT_REQUESTED:
+                    unscripted = await _answer(db, run.id, schema, inputs or {})
+                    if unscripted is not None:
+                        break
         if waited.cancelled_caught:
             now = await get_run(db, run.id, schema=schema)
             await dispatcher.stop(drain_timeout=0)  # cancel the agent now: no drain to wait for
@@ -176,11 +249,31 @@ async def run_agent(
                 f"run {run.id} did not end within {timeout:g}s (it was {now.status}, with "
                 f"{len(events)} journal events); pass a longer timeout= if the agent needs it"
             )
-    return AgentResult(
+    result = AgentResult(
         run=await get_run(db, run.id, schema=schema),
         events=events,
         transcript=await transcript(db, conversation, schema=schema),
     )
+    if unscripted is not None:
+        raise InputNotScripted(*unscripted, result)
+    return result
+
+
+async def _answer(
+    db: str, run_id: uuid.UUID, schema: str, inputs: Mapping[str, Any]
+) -> tuple[str, Any] | None:
+    """The run parked (its ``input_requested`` is journaled with the park, in one
+    commit): gives one scripted answer, after which it resumes (and parks again for any
+    other wait made beside this one). None once answered; else the first wait (oldest)
+    nothing in ``inputs`` answers, as ``(key, request)``."""
+    pending = sorted(await waiting_inputs(db, run_id=run_id, schema=schema), key=lambda p: (p.since, p.key))
+    for p in pending:
+        if p.key in inputs:
+            await provide_input(db, run_id, p.key, inputs[p.key], schema=schema)
+            return None
+    if not pending:  # (answered already, by someone else: the run goes on)
+        return None
+    return pending[0].key, pending[0].request
 
 
 # -- a scripted model --------------------------------------------------------------------

@@ -34,13 +34,14 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from . import __version__
 from ._enqueue import enqueue
 from ._observe import Observer
+from ._status import FAILED
 
 if TYPE_CHECKING:
     import uuid
     from collections.abc import Iterator
 
     from ._db import Database
-    from ._engine.context import RunContext
+    from ._engine.view import RunView
     from ._models import Run
 
 __all__ = ["TRACE_KEY", "TracingObserver", "traced_enqueue"]
@@ -122,11 +123,11 @@ class TracingObserver(Observer):
         )
         span.end(end_time=end)
 
-    def run_started(self, run: RunContext, *, queue_wait: float) -> None:
+    def run_started(self, run: RunView, *, queue_wait: float) -> None:
         self._waits[run.run_id] = queue_wait
 
     @contextlib.contextmanager
-    def run_scope(self, run: RunContext) -> Iterator[None]:
+    def run_scope(self, run: RunView) -> Iterator[None]:
         carrier = trace_context(run.request)
         parent = propagate.extract(carrier) if carrier else None
         span = self._tracer.start_span(
@@ -153,12 +154,12 @@ class TracingObserver(Observer):
                     attributes={"runrow.run_id": str(run.run_id)},
                 )
 
-    def first_event(self, run: RunContext, *, seconds: float) -> None:
+    def first_event(self, run: RunView, *, seconds: float) -> None:
         spans = self._spans.get(run.run_id)
         if spans is not None:
             spans.run.add_event("runrow.first_event", {"runrow.seconds": seconds})
 
-    def run_finished(self, run: RunContext, *, status: str, seconds: float, recorded: bool) -> None:
+    def run_finished(self, run: RunView, *, status: str, seconds: float, recorded: bool) -> None:
         spans = self._spans.pop(run.run_id, None)
         if spans is None:
             return
@@ -167,11 +168,11 @@ class TracingObserver(Observer):
                 continue
             s.set_attribute("runrow.status", status)
             s.set_attribute("runrow.recorded", recorded)
-            if status == "failed" or not recorded:
+            if status == FAILED or not recorded:
                 s.set_status(Status(StatusCode.ERROR, status if recorded else f"{status} (not recorded)"))
             s.end()
 
-    def claim_lost(self, run: RunContext) -> None:
+    def claim_lost(self, run: RunView) -> None:
         spans = self._spans.pop(run.run_id, None)
         if spans is None:
             return

@@ -1,6 +1,7 @@
 """Settings of the example project: PostgreSQL from DATABASE_URL, runrow's app installed."""
 
 import os
+from pathlib import Path
 
 from psycopg.conninfo import conninfo_to_dict
 
@@ -12,7 +13,8 @@ DEBUG = os.environ.get("DJANGO_DEBUG", "") == "1"
 ALLOWED_HOSTS = ["localhost", "127.0.0.1", "testserver"]
 ROOT_URLCONF = "exampleproject.urls"
 USE_TZ = True
-STATIC_URL = "static/"
+STATIC_URL = "static/"  # the admin's CSS and JavaScript (django.contrib.staticfiles)
+STATIC_ROOT = Path(__file__).resolve().parent.parent / "staticfiles"  # for `manage.py collectstatic`
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 DATABASES = {
@@ -33,6 +35,7 @@ INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
+    "django.contrib.staticfiles",
     "runrow.contrib.django",  # runrow_migrate, runrow_worker, the read-only admin of runs
     "notes",
 ]

@@ -2,6 +2,7 @@
 command (completes a run, drains on SIGTERM), runrow_migrate, the admin of runs."""
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -101,9 +102,13 @@ def test_a_committed_post_is_one_run_that_the_worker_command_completes(client) -
     info = runrow_django.get_run(run_id)
     assert info.status == "queued" and info.conversation_id == "c-ok"
 
-    worker = manage("runrow_worker", "notes.agents:agent", "--concurrency", "2", "--json")
+    # (Django's commands own --version: the worker's is --worker-version.)
+    worker = manage(
+        "runrow_worker", "notes.agents:agent", "--concurrency", "2", "--json", "--worker-version", "notes-1"
+    )
     try:
         wait_for(lambda: runrow_django.get_run(run_id).status == "completed", "the run to complete")
+        assert runrow_django.get_run(run_id).version == "notes-1"
     finally:
         worker.send_signal(signal.SIGTERM)
         _, err = worker.communicate(timeout=60)
@@ -168,6 +173,19 @@ def test_the_admin_lists_runs_and_shows_a_journal_read_only(admin_client) -> Non
     assert "run_queued" in page.content.decode()  # the journal's first event
     assert admin_client.get("/admin/runrow/run/add/").status_code == 403
     assert admin_client.post(f"/admin/runrow/run/{run.id}/delete/").status_code == 403
+
+
+def test_the_admin_has_its_css(admin_client) -> None:
+    """The admin's pages link their stylesheets, and each answers: without
+    django.contrib.staticfiles (and a route to it) /admin/ is unstyled HTML."""
+    page = admin_client.get("/admin/runrow/run/").content.decode()
+    sheets = re.findall(r'<link rel="stylesheet"[^>]*href="([^"]+)"', page)
+    assert "/static/admin/css/base.css" in sheets, sheets
+    for url in sheets:
+        response = admin_client.get(url)
+        assert response.status_code == 200, url
+        assert response["Content-Type"].startswith("text/css"), (url, response["Content-Type"])
+        assert b"".join(response.streaming_content if response.streaming else [response.content])
 
 
 def test_the_worker_conninfo_keeps_libpq_options_and_drops_djangos(settings) -> None:

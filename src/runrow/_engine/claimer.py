@@ -27,14 +27,12 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from anyio.abc import TaskStatus
-    from psycopg import AsyncConnection
-    from psycopg_pool import AsyncConnectionPool
 
     from .._gateway.claims import ClaimedRun
     from .._hub import NotifyHub
-    from .._observe import Observers
-    from .roster import ActiveRun, Roster
-    from .settings import Settings
+    from .flight import ActiveRun
+    from .kit import Kit
+    from .roster import Roster
 
 log = logging.getLogger("runrow.dispatcher")
 
@@ -42,28 +40,20 @@ log = logging.getLogger("runrow.dispatcher")
 class Claimer:
     """The claim loop and the wake-ups that drive it (two services)."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        roster: Roster,
-        pool: Callable[[], AsyncConnectionPool[AsyncConnection]],
-        stats: dict[str, int],
-        observe: Observers,
-        start: Callable[[ClaimedRun], None],
-        db_trouble: Callable[[], None],
-    ) -> None:
-        self._settings = settings
+    def __init__(self, kit: Kit, roster: Roster, start: Callable[[ClaimedRun], None]) -> None:
+        self._settings = kit.settings
         self._roster = roster
-        self._stats = stats
-        self._observe = observe
+        self._stats = kit.stats
+        self._observe = kit.observe
+        self._signals = kit.signals
         self._start = start
-        self._db_trouble = db_trouble
-        self._extra = {"worker_id": settings.worker_id}
+        self._db_trouble = kit.db_trouble
+        self._extra = kit.extra
         # The claim loop keeps one pooled connection: its prepared statement stays warm
         # (a statement reaches its cached generic plan only after several executions on
         # one connection, and the pool hands connections out in turn), and no pool round
         # trip per claim.
-        self._conn = HeldConnection(pool, min_pool=2)
+        self._conn = HeldConnection(kit.pool, min_pool=2)
         self.stopping = False
         """Set by the dispatcher's drain before it cancels the loop."""
 
@@ -129,7 +119,17 @@ class Claimer:
     def request(self, limit: int) -> claims.ClaimRequest:
         """This dispatcher's claim of up to ``limit`` runs."""
         s = self._settings
-        return claims.ClaimRequest(s.claim_order, limit, s.lease, s.worker_id, s.retry_stamp)
+        return claims.ClaimRequest(
+            s.claim_order,
+            limit,
+            s.lease,
+            s.worker_id,
+            s.retry_stamp,
+            version=s.version,
+            same_version=s.resume_policy == "same_version",
+            agent_keys=s.agent_keys,
+            serves_default=s.serves_default,
+        )
 
     def may_fold(self) -> bool:
         """Whether the ending writer may claim with its endings: not once a drain began."""
@@ -140,8 +140,7 @@ class Claimer:
         those runs held pass to the claimed runs; the rest are given back. Called by the
         ending writer once the claim's transaction committed, before any of the endings'
         callbacks (so the roster is never empty in between)."""
-        for active in riders:  # each slot now goes to a claimed run, or back below
-            active.slot_freed = True
+        self._roster.pass_slots(riders)  # each slot now goes to a claimed run, or back below
         self._counted(rows, took)
         self._adopt(rows, len(riders) - len(rows))
 
@@ -150,6 +149,8 @@ class Claimer:
         self._stats["claimed"] += len(rows)
         if self._observe and rows:
             self._observe(lambda o: o.claimed(count=len(rows), seconds=took))
+        if self._signals is not None and rows:
+            self._signals.claimed.fire([r.id for r in rows])
 
     async def _claim(self, limit: int) -> list[ClaimedRun]:
         t0 = _aio.now()
@@ -163,6 +164,10 @@ class Claimer:
                 lease_seconds=s.lease,
                 worker_id=s.worker_id,
                 retry_policy=s.retry_stamp,
+                version=s.version,
+                same_version=s.resume_policy == "same_version",
+                agent_keys=s.agent_keys,
+                serves_default=s.serves_default,
             )
         self._counted(rows, _aio.now() - t0)
         return rows

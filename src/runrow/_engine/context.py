@@ -14,22 +14,19 @@ from .._db import describe, out_of_budget, statement_conn
 from .._errors import InvalidInput, LeaseLost
 from .._events import CONTENT_DELTA
 from .._gateway import messages, reads
+from .._gateway._exec import run
 from .steps import Steps
+from .tree import Family
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Mapping
+    from collections.abc import Awaitable, Callable, Mapping, Sequence
     from datetime import datetime
 
-    from psycopg import AsyncConnection
-    from psycopg_pool import AsyncConnectionPool
+    from .._models import ChildResult, Message
+    from .flight import ActiveRun, RunHost
+    from .journal_writer import JournalWriter
 
-    from .._engine.journal_writer import JournalWriter
-    from .._gateway.claims import ClaimedRun
-    from .._models import Message
-    from .roster import Park
-    from .settings import Settings
-
-__all__ = ["Agent", "RunContext", "RunHost"]
+__all__ = ["Agent", "RunContext"]
 
 log = logging.getLogger("runrow.run")
 
@@ -41,29 +38,6 @@ _TRANSIENT = (psycopg.OperationalError, psycopg.InterfaceError, TimeoutError)
 _TRANSCRIPT_WRITE = "a transcript write (write_message)"  # as a timed-out run's error names it
 
 
-class RunHost(Protocol):
-    """What a RunContext needs of the engine that runs it (a narrow handle, not the Dispatcher)."""
-
-    @property
-    def settings(self) -> Settings: ...
-
-    def pool(self) -> AsyncConnectionPool[AsyncConnection]:
-        """The dispatcher's pool."""
-        ...
-
-    def lost(self, run_id: uuid.UUID) -> None:
-        """The run's claim is no longer this worker's: stop its agent."""
-        ...
-
-    def db_trouble(self) -> None:
-        """A statement failed for want of a connection: have the pool checked."""
-        ...
-
-    def park(self, run_id: uuid.UUID, park: Park) -> None:
-        """The run's agent waits for input: cut it short, and park the run."""
-        ...
-
-
 class RunContext:
     """The agent's handle on its run: identity, input, journal and transcript.
 
@@ -73,9 +47,11 @@ class RunContext:
     cancellation at the agent's next ``await``; ``cancel_requested`` tells why.
     """
 
-    def __init__(self, host: RunHost, row: ClaimedRun, journal: JournalWriter) -> None:
+    def __init__(self, host: RunHost, run: ActiveRun, journal: JournalWriter) -> None:
         self._host = host
+        self._run = run
         self._journal = journal
+        row = run.row
         self.run_id: uuid.UUID = row.id
         self.conversation_id: str = row.conversation_id
         self.user_id: str = row.user_id
@@ -91,14 +67,16 @@ class RunContext:
         """Which attempt of its turn this run is: 1, then one more per retry."""
         self.resumes: int = row.resumes
         """How many times input resumed this run (0 until it has waited for input)."""
-        self._claim_token: uuid.UUID = row.claim_token
-        self._row = row
         # (Made at once for a resumed run: its journal is muted until its replay passes
         # the input it paused on.)
-        self._steps: Steps | None = Steps(host, row, journal) if row.resumes else None
+        self._steps: Steps | None = Steps(host, run, journal) if row.resumes else None
         self._messages = 0  # write_message calls: the n-th call's id is fixed (see there)
-        self.cancel_requested = False
+        self._tree: Family | None = None  # (made at its first spawn or wait)
+
+    @property
+    def cancel_requested(self) -> bool:
         """True once a stop was requested for this run (the agent is being cancelled)."""
+        return self._run.stop_requested
 
     def __repr__(self) -> str:
         return f"<RunContext run_id={self.run_id} conversation_id={self.conversation_id!r}>"
@@ -157,7 +135,7 @@ class RunContext:
                 {
                     "message_id": message_id,
                     "run_id": self.run_id,
-                    "claim_token": self._claim_token,
+                    "claim_token": self._run.token,
                     "role": role,
                     "content": body,
                 }
@@ -182,11 +160,11 @@ class RunContext:
             attempt += 1
             try:
                 with anyio.fail_after(max(deadline - anyio.current_time(), delay)):
-                    async with statement_conn(self._host.pool()) as conn:
-                        written = await messages.write(conn, schema, **params)
+                    # (With the step writes: runs in flight share its commit.)
+                    written = await self._host.write_together(lambda: messages.write(schema, **params))
                 if written:
                     return True
-                if attempt == 1 and self._row.lineage_id is None:
+                if attempt == 1 and self._run.row.lineage_id is None:
                     return False  # the fence matched nothing (a first attempt's id is fresh)
                 # Nothing written: the fence, or the id taken by an earlier write (this
                 # one's, whose answer was lost, or an earlier attempt's of this turn, for a
@@ -209,12 +187,14 @@ class RunContext:
                 try:
                     with anyio.fail_after(max(deadline - anyio.current_time(), delay)):
                         async with statement_conn(self._host.pool()) as conn:
-                            got = await messages.landed(
+                            got = await run(
                                 conn,
-                                schema,
-                                message_id=params["message_id"],
-                                run_id=self.run_id,
-                                claim_token=self._claim_token,
+                                messages.landed(
+                                    schema,
+                                    message_id=params["message_id"],
+                                    run_id=self.run_id,
+                                    claim_token=self._run.token,
+                                ),
                             )
                     landed, owned = got.landed, got.owned
                     break
@@ -300,9 +280,79 @@ class RunContext:
         """
         return await self._book().wait(key, request, timeout)
 
+    async def changed(self, name: str) -> bool:
+        """Did this run start after change ``name`` was deployed? Branch on it to change
+        the steps of an agent that has runs in flight (waiting, or to be retried).
+
+        The first time a turn asks, the answer is recorded like a step (key
+        ``changed:<name>``): True for a fresh run, and a replay of that run gets True
+        again. A run whose earlier passes recorded calls past this point without the
+        marker (old code parked or failed it) gets False, takes no step position, and
+        so replays its recorded steps on the old path without a
+        :class:`~runrow.StepMismatch`. A run whose recorded calls end before this point
+        gets True: nothing it recorded depends on the old path. Asked again in the
+        turn, the same answer. Ask it from the turn's main line, not while steps start
+        beside it. Remove the call (keeping the new path) once no run that asked it can
+        still be resumed or retried.
+        """
+        return await self._book().changed(name)
+
+    async def spawn(
+        self, agent_key: str | None, content: Any, *, request: Any = None, key: str | None = None
+    ) -> uuid.UUID:
+        """Starts a child run of agent ``agent_key`` (one this Dispatcher serves; None: its
+        default agent) on ``content`` and returns its id.
+
+        The child runs in a conversation of its own (siblings run in parallel) with this
+        run's user, tenant, priority and deadline, and carries ``parent_run_id`` and
+        ``root_run_id``. The spawn is a step (key ``spawn:<key>``, ``key`` defaulting to
+        the agent key): a replay or a retry of this turn gets the same child back, never a
+        second one. Raises :class:`~runrow.InvalidInput` for a key not served,
+        :class:`~runrow.SpawnLimitExceeded` past ``max_spawn_depth`` / ``max_children``,
+        :class:`LeaseLost` if this run's claim is gone.
+        """
+        found = await self._family().spawn_many(
+            [(agent_key, content, request)], key or agent_key or "default"
+        )
+        return found[0]
+
+    async def spawn_many(
+        self, children: Sequence[tuple[Any, ...]], *, key: str = "children"
+    ) -> list[uuid.UUID]:
+        """Starts several children in one transaction and one step (see :meth:`spawn`):
+        ``children`` are ``(agent_key, content)`` or ``(agent_key, content, request)``
+        tuples; returns their ids, in that order."""
+        return await self._family().spawn_many(children, key)
+
+    async def wait_for_children(
+        self, children: Sequence[uuid.UUID | str], *, first: bool = False
+    ) -> list[ChildResult]:
+        """Waits until the children named (ids :meth:`spawn` returned) have ended (with
+        ``first``, until one has) and returns how each stands, in that order: read
+        ``ChildResult.get()`` for a child's answer, or its failure as
+        :class:`~runrow.ChildFailed` / :class:`~runrow.ChildCancelled`.
+
+        If they have not ended, the run parks as :meth:`wait_for_input` does (no slot, no
+        lease; the agent is cancelled here), journaling ``children_awaited``; the ending
+        that completes the wait queues it again, in its own transaction, and the resumed
+        run replays to here. The outcomes are recorded as a step: a replay gets the same.
+        """
+        return await self._family().wait(children, first)
+
+    async def wait_for_child(self, child: uuid.UUID | str) -> Any:
+        """Waits for one child (see :meth:`wait_for_children`) and returns its answer, or
+        raises :class:`~runrow.ChildFailed` / :class:`~runrow.ChildCancelled`."""
+        (result,) = await self._family().wait([child], False)
+        return result.get()
+
+    def _family(self) -> Family:
+        if self._tree is None:
+            self._tree = Family(self._host, self._run, self._book)
+        return self._tree
+
     def _book(self) -> Steps:
         if self._steps is None:
-            self._steps = Steps(self._host, self._row, self._journal)
+            self._steps = Steps(self._host, self._run, self._journal)
         return self._steps
 
     async def transcript(self) -> list[Message]:
@@ -315,8 +365,11 @@ class RunContext:
         messages it wrote (or the text it streamed) after that point of its first pass.
         """
         async with statement_conn(self._host.pool()) as conn:
-            found = await reads.transcript(
-                conn, self._host.settings.schema, conversation_id=self.conversation_id, run_id=self.run_id
+            found = await run(
+                conn,
+                reads.transcript(
+                    self._host.settings.schema, conversation_id=self.conversation_id, run_id=self.run_id
+                ),
             )
         if not self._journal.muted:
             return found
@@ -329,7 +382,7 @@ class RunContext:
     def _message_id(self, n: int) -> uuid.UUID:
         """The id of the turn's n-th message: the same on every pass of a resumed run and
         on every attempt of a retried turn (named after its first attempt's id)."""
-        return uuid.uuid5(self._row.lineage_id or self.run_id, f"message:{n}")
+        return uuid.uuid5(self._run.row.lineage_id or self.run_id, f"message:{n}")
 
 
 class Agent(Protocol):

@@ -1,65 +1,62 @@
 """The Dispatcher: lifecycle and drain; it wires the engine's services together.
 
-* The claimer (``claimer.py``) takes runs for free slots and the executor
-  (``executor.py``) runs the host's agent on each; the ending writer (``ending.py``)
-  records how each ended, fenced by its claim token, and the journal's appender
-  (``journal_writer.py``) writes what they stream.
+* The claimer (``claimer.py``) takes runs for free slots, the executor (``executor.py``)
+  runs the host's agent on each, the ending writer (``ending.py``) records how each
+  ended, and the journal's appender (``journal_writer.py``) writes what they stream.
 * The lease keeper (``lease.py``) rolls every claim's lease in one batched heartbeat,
   stands down runs whose claim lapsed, and turns stop requests into cancellation.
 * The reaper (``reaper.py``) fails runs whose lease lapsed more than ``grace`` ago.
-  Nothing is ever re-run automatically (at-most-once).
-* Every terminal path wakes the queue, so a conversation's next turn starts at once.
-* ``stop()`` drains: it stops claiming within milliseconds, lets in-flight runs finish
-  within the budget, then cancels the rest.
+* ``stop()`` drains: it stops claiming, lets in-flight runs finish, then cancels the rest.
 
 Each long-lived loop is a service (``service.py``); per-run work runs in a task set.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 from typing import TYPE_CHECKING
 
 import anyio
 from psycopg_pool import AsyncConnectionPool
 
-from .. import _aio
-from .._db import describe, statement_conn
+from .._db import statement_conn
 from .._errors import ConfigurationError
 from .._events import DEFAULT_MAX_EVENT_BYTES
 from .._gateway import schema as _schema
-from .._gateway._exec import configure_own
+from .._gateway._exec import configure_own, run
 from .._hub import NotifyHub
 from .._names import DEFAULT_SCHEMA
+from .._observe import Observers
 from .drain import DrainReport
+from .kit import STAT_NAMES, Kit, PoolCheck
 from .parts import Parts
-from .settings import Settings, check_agent
+from .settings import Settings, check_agents
 
 if TYPE_CHECKING:
     import uuid
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
     from datetime import datetime
     from types import TracebackType
 
-    from anyio.abc import TaskGroup, TaskStatus
+    from anyio.abc import TaskGroup
     from psycopg import AsyncConnection
 
-    from .._gateway.claims import ClaimOrder
+    from .._gateway.claims import ClaimOrder, ResumePolicy
     from .._observe import Observer
     from .._retry import RetryPolicy
     from .context import Agent
+    from .signals import Signals
 
 __all__ = ["Dispatcher", "DrainReport"]
 
 log = logging.getLogger("runrow.dispatcher")
 
-_STAT_NAMES: tuple[str, ...] = ("claimed", "completed", "failed", "cancelled", "parked", "reaped", "lost")
-_STAT_NAMES += ("claim_conflicts", "claims")
-
 
 class Dispatcher:
     """Runs ``agent`` for claimed runs. Use as ``async with Dispatcher(db, agent) as d:``.
+    ``agents={"key": agent, ...}`` serves runs by agent key too (``enqueue(agent_key=...)``,
+    ``RunContext.spawn``); ``agent`` serves runs with none. It claims only runs it serves.
+    A tree of runs is at most ``max_spawn_depth`` deep, and spawns ``max_children`` in all.
 
     ``db`` is a conninfo string (the dispatcher opens its own pool) or an
     ``AsyncConnectionPool`` (whose conninfo the hub also uses for its direct LISTEN
@@ -89,24 +86,34 @@ class Dispatcher:
     turn, by a :class:`~runrow.RetryPolicy`; at-most-once stays the default.
 
     A failed run's log line names its error's type and message (one line, cut at 300
-    characters); ``log_error_messages=False`` leaves the message out, for logs that must
-    never carry what a user wrote (an agent's error may quote it).
+    characters) and carries its traceback; ``log_error_messages=False`` leaves both out, for
+    logs that must never carry what a user wrote. ``record_tracebacks=False`` stores its error
+    without ``error["traceback"]`` (at most 8 KiB of the innermost frames, never locals).
 
     ``claim_order="fair"`` (default) claims fairly across tenants (see the ``claim``
-    statement in ``sql/runs.sql``: fewest running runs relative to the tenant's weight,
+    statement in ``sql/claims.sql``: fewest running runs relative to the tenant's weight,
     then priority, then age; per-tenant caps; ``not_before``); ``"fifo"`` claims in
     global enqueue order, ignoring tenants and priorities (``not_before`` still holds).
 
     A run with a deadline (``enqueue(deadline=...)``) is cancelled when it passes it,
     measured from the claim on the database's clock, and ends ``failed`` with error type
     ``deadline_exceeded``; a run claimed already past its deadline ends so at once.
+
+    ``version`` (default: ``$RUNROW_VERSION``, else the working directory's git commit, else
+    none) is stamped on the runs it claims (a run keeps its first) and the steps it records,
+    and shown in the worker registry (docs/howto/upgrading.md#deploying). ``resume_policy``:
+    ``"replay"`` (default) resumes any run; ``"same_version"`` resumes (or retries) a run
+    with recorded steps only if it started under this ``version`` (fresh turns: any).
     """
 
     def __init__(
         self,
         db: str | AsyncConnectionPool[AsyncConnection],
-        agent: Agent,
+        agent: Agent | None = None,
         *,
+        agents: Mapping[str, Agent] | None = None,
+        max_spawn_depth: int = 8,
+        max_children: int = 1000,
         schema: str = DEFAULT_SCHEMA,
         concurrency: int = 8,
         lease: float = 30.0,
@@ -125,9 +132,12 @@ class Dispatcher:
         listen_conninfo: str | None = None,
         claim_order: ClaimOrder = "fair",
         log_error_messages: bool = True,
+        record_tracebacks: bool = True,
         retry: RetryPolicy | None = None,
+        version: str | None = None,
+        resume_policy: ResumePolicy = "replay",
     ) -> None:
-        check_agent(agent)
+        self._agents = served = check_agents(agent, agents)
         self._settings = Settings.validate(
             own_pool=isinstance(db, str),
             schema=schema,
@@ -146,9 +156,14 @@ class Dispatcher:
             listen_conninfo=listen_conninfo,
             notifications=notifications,
             log_error_messages=log_error_messages,
+            record_tracebacks=record_tracebacks,
             retry=retry,
+            version=version,
+            resume_policy=resume_policy,
+            agents=served,
+            max_spawn_depth=max_spawn_depth,
+            max_children=max_children,
         )
-        self._agent = agent
         self._observer_list = list(observers)
         self._db = db
         self._owns_pool = isinstance(db, str)
@@ -157,11 +172,9 @@ class Dispatcher:
         self._owns_hub = hub is None and notifications
         self._tg: TaskGroup | None = None
         self._report: DrainReport | None = None
-        self._stats = dict.fromkeys(_STAT_NAMES, 0)
-        self._trouble = _aio.Event()
+        self._stats = dict.fromkeys(STAT_NAMES, 0)
         self._parts: Parts | None = None
-
-    # -- public surface ---------------------------------------------------------------
+        self._signals: Signals | None = None  # a test's (see runrow.testing.signals)
 
     @property
     def settings(self) -> Settings:
@@ -204,8 +217,6 @@ class Dispatcher:
         """One reaper pass now; returns the ids it ended (failed, or cancelled if a stop was pending)."""
         return await self._running().reaper.reap(now=now, limit=limit)
 
-    # -- lifecycle --------------------------------------------------------------------
-
     async def __aenter__(self) -> Dispatcher:
         s = self._settings
         if isinstance(self._db, str):
@@ -229,7 +240,7 @@ class Dispatcher:
             await self._pool.open(wait=True)
         try:
             async with statement_conn(self.pool) as conn:
-                await _schema.require(conn, s.schema)
+                await run(conn, _schema.require(s.schema))
             if self._owns_hub:
                 self._hub = NotifyHub(s.listen_conninfo or self._conninfo())
                 await self._hub.__aenter__()
@@ -238,24 +249,23 @@ class Dispatcher:
         except BaseException:
             await self._close_resources()
             raise
-        parts = self._parts = Parts(self)
+        pool = self.pool
+        pool_check = PoolCheck(pool, s.worker_id)
+        kit = Kit(
+            settings=s,
+            pool=lambda: pool,
+            db_trouble=pool_check.report,
+            observe=Observers(self._observer_list, s.worker_id),
+            stats=self._stats,
+            signals=self._signals,
+        )
+        parts = self._parts = Parts(kit, self._agents)
         try:
-            tg, services = self._tg, parts.services
-            await services.start(tg, "appends", parts.appender.run)
-            await services.start(tg, "endings", parts.endings.run)
-            await services.start(tg, "heartbeat", parts.lease.heartbeats)
-            await services.start(tg, "reaper", parts.reaper.run)
-            await services.start(tg, "pool-check", self._check_pool)
-            await services.start(tg, "schema-watch", parts.schema_watch.run)
-            if (hub := self._hub) is not None:
-                await services.start(tg, "wakes", functools.partial(parts.claimer.forward_wakes, hub))
-                await services.start(tg, "cancels", functools.partial(parts.lease.watch_cancels, hub))
-            await services.start(tg, "claimer", parts.claimer.run)
+            await parts.start(self._tg, pool_check, self._hub)
         except BaseException:
             # A service failed to start (a hub that cannot subscribe) or the host cancelled
-            # the start: stop what did start and release everything, as if never started.
-            # (The task group's scope is left in the scope it was entered in: no shield
-            # around it, as in __aexit__.)
+            # the start: stop what did start and release everything (no shield: the task
+            # group's scope is left in the scope it was entered in, as in __aexit__).
             tg, self._tg = self._tg, None
             if tg is not None:
                 tg.cancel_scope.cancel()
@@ -284,7 +294,7 @@ class Dispatcher:
             # is cancelled outright; its ending is the reaper's (stop() listed it so).
             if self._parts is not None:
                 with anyio.CancelScope(shield=True):
-                    left = await self._parts.tasks.cancel_and_wait(s.finalize_timeout)
+                    left = await self._parts.kit.tasks.cancel_and_wait(s.finalize_timeout)
                 if left:
                     log.warning(
                         "dispatcher %s: %d run task(s) did not end when cancelled; abandoning them",
@@ -312,16 +322,13 @@ class Dispatcher:
         if self._tg is None or parts is None:
             return DrainReport()  # not running: nothing to drain (and a later start drains as usual)
         s, roster = self._settings, parts.roster
-        parts.claimer.stopping = True
-        # A claim in flight finishes and its runs start.
-        await parts.services.stop("claimer", timeout=s.lease / 2 + 1)
+        await parts.stop_claiming()
         with anyio.move_on_after(s.finalize_timeout + 1):  # and one made with endings
             await parts.endings.folds_settled()
         at_start = set(roster.runs)
         with anyio.move_on_after(drain_timeout):
             await roster.wait_idle()
-        # (A run already writing its ending is not cut: its agent is done.)
-        cut = [a for a in roster.runs.values() if not a.finishing]
+        cut = [a for a in roster.runs.values() if not a.finishing]  # (not one writing its ending)
         for a in cut:
             roster.cancel(a, "drain")
         with anyio.move_on_after(s.finalize_timeout + 1):
@@ -347,10 +354,7 @@ class Dispatcher:
     async def _close_resources(self) -> None:
         if self._parts is not None:
             with anyio.CancelScope(shield=True):
-                await self._parts.endings.close()
-                await self._parts.appender.close()
-                await self._parts.beat_conn.release()
-                await self._parts.reap_conn.release()
+                await self._parts.close()
         # The hub's task group must exit in the scope it was entered in (no shield here).
         if self._owns_hub and self._hub is not None and self._hub.running:
             await self._hub.__aexit__(None, None, None)
@@ -368,30 +372,14 @@ class Dispatcher:
             )
         return conninfo
 
+    def _use_signals(self, signals: Signals) -> None:
+        """Fires ``signals`` at the engine's named points (tests only: see
+        ``runrow.testing.signals``); before the dispatcher starts."""
+        if self._parts is not None:
+            raise RuntimeError("signals must be attached before the dispatcher starts")
+        self._signals = signals
+
     def _running(self) -> Parts:
         if self._parts is None:
             raise RuntimeError("the dispatcher is not running")
         return self._parts
-
-    # -- the handle runs get (see RunHost) --------------------------------------------
-
-    def _pool_now(self) -> AsyncConnectionPool[AsyncConnection]:
-        return self.pool
-
-    def _db_trouble(self) -> None:
-        """A statement failed for want of a connection: have the pool test its idle
-        connections and replace dead ones (after a server restart they all are)."""
-        self._trouble.set()
-
-    async def _check_pool(self, *, task_status: TaskStatus[None]) -> None:
-        """Checks the pool when a statement reported trouble, at most once a second
-        (service ``pool-check``)."""
-        task_status.started()
-        while True:
-            await self._trouble.wait()
-            self._trouble.clear()
-            try:
-                await self.pool.check()
-            except Exception as exc:  # best effort
-                log.debug("pool check failed: %s", describe(exc), extra={"worker_id": self.worker_id})
-            await anyio.sleep(1.0)

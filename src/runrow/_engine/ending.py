@@ -3,8 +3,8 @@
 A run's task hands its ending over and goes; the writer batches the endings of many
 runs into one ``finalize`` statement and calls each run back once it is answered
 (landed, or failed for good, or at the latest ``finalize_timeout`` after the hand-over,
-by a timer: a loop timer per ending, not a task, since nearly every ending is answered
-long before it fires). A transient failure is retried by a per-run task (three attempts
+by one budget clock for all endings, not a task or a timer each, since nearly every
+ending is answered long before its budget ends). A transient failure is retried by a per-run task (three attempts
 in all, within the same budget); a retry after an ambiguous failure is safe: if the
 first attempt committed, the fence makes the retry match nothing, and the writer then
 reads back whether the ending recorded is its own (counted, not lost) or another's.
@@ -36,24 +36,22 @@ import psycopg
 from .. import _aio, _json
 from .._db import HeldConnection, describe, statement_conn
 from .._errors import LeaseLost
-from .._events import INPUT_REQUESTED
+from .._events import CHILDREN_AWAITED, INPUT_REQUESTED
 from .._gateway import endings as _endings
-from .._gateway._exec import jit_off_session
-from .ending_answer import TRANSIENT, Answer, Handed, OutOfTime
+from .._gateway._exec import jit_off_session, run
+from .ending_answer import TRANSIENT, Answer, BudgetClock, Handed, OutOfTime
+from .flight import terminal_reason
 from .groupcommit import GroupCommit, WriterStopped
 
 if TYPE_CHECKING:
     import uuid
     from collections.abc import Callable
 
-    from psycopg import AsyncConnection
-    from psycopg_pool import AsyncConnectionPool
-
-    from .._aio import TaskSet
     from .._gateway.claims import ClaimedRun
     from .claimer import Claimer
-    from .roster import ActiveRun, Park, Roster
-    from .settings import Settings
+    from .flight import ActiveRun, Park
+    from .kit import Kit
+    from .roster import Roster
 
 log = logging.getLogger("runrow.dispatcher")
 
@@ -61,17 +59,8 @@ log = logging.getLogger("runrow.dispatcher")
 class EndingWriter:
     """Writes runs' endings (its group-commit loop is service ``endings``)."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        roster: Roster,
-        pool: Callable[[], AsyncConnectionPool[AsyncConnection]],
-        stats: dict[str, int],
-        tasks: TaskSet,
-        db_trouble: Callable[[], None],
-        claimer: Claimer | None = None,
-    ) -> None:
-        self._settings = settings
+    def __init__(self, kit: Kit, roster: Roster, claimer: Claimer | None = None) -> None:
+        settings = self._settings = kit.settings
         # Claims for the slots that endings free, in the endings' transaction (None: the
         # slot is freed at the hand-over and the claim loop claims for it).
         self._claimer = claimer
@@ -80,17 +69,18 @@ class EndingWriter:
         self._settled.set()
         self._channels = settings.channels
         self._roster = roster
-        self._pool = pool
-        self._stats = stats
-        self._tasks = tasks
-        self._db_trouble = db_trouble
-        self._extra = {"worker_id": settings.worker_id}
+        self._pool = kit.pool
+        self._stats = kit.stats
+        self._tasks = kit.tasks
+        self._db_trouble = kit.db_trouble
+        self._extra = kit.extra
         # Kept between batches (see HeldConnection); its session may carry the bound.
-        self.conn = HeldConnection(pool, min_pool=4)
+        self.conn = HeldConnection(kit.pool, min_pool=4)
         # Bounded by finalize_timeout: no run's task waits on its write (see hand_over).
         self._writer: GroupCommit[Handed, bool | None] = GroupCommit(
             self._write_batch, timeout=settings.finalize_timeout
         )
+        self._clock = BudgetClock(self._out_of_time)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         """The group-commit loop."""
@@ -117,7 +107,7 @@ class EndingWriter:
         in flight then may yet land; the run is counted unrecorded, as the reaper would
         find it). The run's task does not wait for it:
         the writer calls back when the batch ends, so a run costs no wake-up after its write."""
-        active.finishing = True
+        self._roster.finishing(active)
         # The agent is done: its slot can take the next run while the ending is written
         # (concurrency bounds agent calls). With a claimer to fold into, the slot rides
         # with the ending and the writer claims for it in the ending's transaction.
@@ -128,11 +118,11 @@ class EndingWriter:
         assert journal is not None
         terminal: dict[str, Any] = {"status": status}
         if error is not None:
-            terminal["error"] = error
-        if active.reason == "cancel":
-            terminal["reason"] = "stopped"
-        elif active.reason == "deadline" and status == "failed":
-            terminal["reason"] = "deadline_exceeded"
+            # The journal is streamed to the run's clients: its ending carries the error's
+            # type and message; the traceback stays on the row, for operators.
+            terminal["error"] = {k: v for k, v in error.items() if k != "traceback"}
+        if (reason := terminal_reason(active.reason, status)) is not None:
+            terminal["reason"] = reason
         if journal.broken is not None and not isinstance(journal.broken, LeaseLost):
             # A flush of unknown outcome: our seq numbering cannot be trusted. Let the
             # reaper (max(seq)+1) record the ending.
@@ -142,8 +132,10 @@ class EndingWriter:
         budget = self._settings.finalize_timeout
         loop = asyncio.get_running_loop()
         deadline = loop.time() + budget
-        answer = Answer(done, deadline, status)
-        if park is not None:  # not an ending: the run waits for input (status waiting)
+        answer = Answer(done, deadline, status, active)
+        if park is not None and park.awaiting is not None:  # a wait for children (status waiting)
+            events = journal.final_rows({"key": park.key, **park.request}, CHILDREN_AWAITED)
+        elif park is not None:  # not an ending: the run waits for input (status waiting)
             events = journal.final_rows({"key": park.key, "request": park.request}, INPUT_REQUESTED)
         else:
             events = journal.final_rows(terminal)
@@ -158,6 +150,9 @@ class EndingWriter:
                 retry=retry,
                 input_timeout=None if park is None else park.timeout,
                 partial_id=None if park is None else park.message_id,
+                awaiting=None if park is None else park.awaiting,
+                await_any=park is not None and park.await_any,
+                child=active.row.parent_run_id is not None,
             ),
             answer,
             rider,
@@ -175,9 +170,13 @@ class EndingWriter:
             else:  # rejected, or shutting down
                 self._failed(active, exc, 1, answer)
 
-        answer.timer = loop.call_at(deadline, self._failed, active, OutOfTime(budget), 0, answer)
-        active.handed_over = True
+        self._clock.add(loop, answer)
+        self._roster.handed_over(active)
         self._writer.hand_over(handed, first_attempt)
+
+    def _out_of_time(self, answer: Answer) -> None:
+        assert answer.run is not None  # (unanswered)
+        self._failed(answer.run, OutOfTime(self._settings.finalize_timeout), 0, answer)
 
     def _landed(self, landed: bool, answer: Answer) -> None:
         if answer.answered:
@@ -265,7 +264,7 @@ class EndingWriter:
     async def _read_back(self, ending: _endings.Ending) -> str | None:
         try:
             async with statement_conn(self._pool()) as conn:
-                return await _endings.landed(conn, self._settings.schema, ending)
+                return await run(conn, _endings.landed(self._settings.schema, ending))
         except Exception as exc:  # the caller counts it as a failed attempt
             log.warning(
                 "finalize of run %s: reading back whether an earlier attempt landed failed: %s",

@@ -20,24 +20,25 @@ import anyio
 from .. import _aio, _json
 from .._errors import LeaseLost
 from .context import RunContext
+from .flight import ending_for
 from .journal_writer import JournalWriter
+from .signals import Ended
+from .view import RunView
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Mapping
 
-    from .._aio import TaskSet
     from .._gateway.claims import ClaimedRun
-    from .._observe import Observers
-    from .context import Agent, RunHost
+    from .._status import RunStatus
+    from .context import Agent
     from .ending import EndingWriter
+    from .flight import ActiveRun, RunHost
     from .journal_writer import Appender
-    from .roster import ActiveRun, Roster
-    from .settings import Settings
+    from .kit import Kit
+    from .roster import Roster
 
 log = logging.getLogger("runrow.dispatcher")
-
-DEADLINE_ERROR = {"type": "deadline_exceeded", "message": "the run was still running past its deadline"}
-_SHUTDOWN_ERROR = {"type": "worker_shutdown", "message": "the worker shut down before the run finished"}
+log.addFilter(_json.TracebackText())  # a failed run's traceback follows its line
 
 
 class _Helper:
@@ -81,25 +82,23 @@ class Executor:
 
     def __init__(
         self,
-        settings: Settings,
+        kit: Kit,
         roster: Roster,
-        agent: Agent,
-        observe: Observers,
+        agents: Mapping[str | None, Agent],
         endings: EndingWriter,
         appender: Appender,
-        tasks: TaskSet,
         host: RunHost,
-        stats: dict[str, int],
     ) -> None:
-        self._settings = settings
+        self._settings = kit.settings
         self._roster = roster
-        self._agent = agent
-        self._observe = observe
+        self._agents = agents  # by agent key (None: the default agent)
+        self._observe = kit.observe
+        self._signals = kit.signals
         self._endings = endings
         self._appender = appender
-        self._tasks = tasks
+        self._tasks = kit.tasks
         self._host = host
-        self._stats = stats
+        self._stats = kit.stats
 
     def start(self, row: ClaimedRun) -> None:
         """Runs the claimed ``row`` in a task of its own."""
@@ -119,35 +118,35 @@ class Executor:
                 extra={"run_id": str(active.id), "worker_id": self._settings.worker_id},
             )
         finally:
-            if not active.handed_over:
+            if active.phase in ("running", "finishing"):  # (else the ending writer lets it go)
                 self._roster.release(active)
 
     async def _run(self, active: ActiveRun, row: ClaimedRun) -> None:
         s, roster = self._settings, self._roster
         run_id = active.id
         journal = JournalWriter(
-            run_id,
-            active.token,
-            int(row.last_seq) + 1,
+            row,
             self._appender,
             flush_interval=s.flush_interval,
             max_event_bytes=s.max_event_bytes,
             on_lost=lambda: roster.lost(run_id),
             retry_budget=s.lease / 2,
         )
-        ctx = RunContext(self._host, row, journal)
-        ctx.cancel_requested = active.reason == "cancel"  # stopped between claim and here
-        active.journal, active.ctx = journal, ctx
-        extra = {"run_id": str(run_id), "conversation_id": ctx.conversation_id, "worker_id": s.worker_id}
-        log.info("run %s started", run_id, extra=extra)
+        roster.attach(active, journal)
+        ctx = RunContext(self._host, active, journal)
+        if log.isEnabledFor(logging.INFO):  # (its extra costs a UUID's text: not made for nothing)
+            log.info("run %s started", run_id, extra=self._extra(active))
         started = _aio.now()
+        view: RunView | None = None
         if self._observe:
+            view = RunView(row, s.worker_id)
             wait = (row.started_at - row.created_at).total_seconds()
-            self._observe(lambda o: o.run_started(ctx, queue_wait=wait))
-            journal.on_flush = lambda n: self._flushed(ctx, journal, n, started)
-        status: str | None = None
+            self._observe(lambda o: o.run_started(view, queue_wait=wait))
+            journal.on_flush = lambda n: self._flushed(view, journal, n, started)
+        status: RunStatus | None = None
         error: dict[str, Any] | None = None
         retry = False  # whether a failure is one the retry policy (if any) retries
+        told: str | None = None  # the agent's traceback, for its failure's log line
         # The deadline, measured on the database's clock: both times come from the claim.
         remaining = None if row.deadline_at is None else (row.deadline_at - row.started_at).total_seconds()
         # The run's helpers (its flush clock, its deadline) are started only if it needs
@@ -161,16 +160,19 @@ class Executor:
             else:
                 self._start_helper(helpers, functools.partial(self._deadline_watch, active, remaining))
         try:
-            with active.scope, self._observe.scopes(ctx):
+            with active.scope, self._observe.scopes(view):
                 try:
                     if active.reason is None:  # not already stopped or past its deadline
-                        await self._agent(ctx)
+                        # (The claim takes only runs of keys served: a miss is a bug.)
+                        await self._agents[row.agent_key](ctx)
                         status = "completed"
                 except LeaseLost:
                     roster.lost(run_id)
                 except Exception as exc:
                     status = "failed"
-                    error = _json.error_of(exc)
+                    error = _json.error_of(exc, traceback=s.record_tracebacks)
+                    if s.log_error_messages:  # (made now: the exception is not kept)
+                        told = error.get("traceback") or _json.traceback_of(exc)
                     retry = s.retry is not None and s.retry.retries(exc)
                 except asyncio.CancelledError as exc:
                     # Only runrow's own cancellations (a stop, a drain, a lost claim, the
@@ -187,7 +189,7 @@ class Executor:
                         "failing the run (%s)",
                         run_id,
                         error["message"],
-                        extra=extra,
+                        extra=self._extra(active),
                     )
         finally:
             journal.start_flusher = None
@@ -196,45 +198,52 @@ class Executor:
                     for helper in helpers:
                         await helper.stop()
         # (The agent is done: its slot goes with the ending, see EndingWriter.hand_over.)
-        if active.reason == "park":
-            # The agent waits for input (its input step is marked): the run parks.
-            status, error, retry = "waiting", None, False
-        elif active.reason == "cancel" and status == "failed":
-            # The agent failed once a stop had reached it (a write the stop cut short, an
-            # error of its own): the stop is what the user asked for, and what they see.
-            status, error, retry = "cancelled", None, False
-        elif active.scope.cancelled_caught or (status is None and active.reason is not None):
-            # (A stop or a deadline is never retried; a drain is a lost worker.)
-            retry = active.reason == "drain" and s.retry is not None and s.retry.worker_lost
-            if active.reason == "cancel":
-                status, error = "cancelled", None
-            elif active.reason == "drain":
-                status, error = "failed", dict(_SHUTDOWN_ERROR)
-            elif active.reason == "deadline":
-                status, error = "failed", dict(DEADLINE_ERROR)
-        if active.reason == "lost" or status is None:
+        worker_lost = s.retry is not None and s.retry.worker_lost
+        ending = ending_for(
+            active.reason,
+            status,
+            error,
+            retry,
+            cut=active.scope.cancelled_caught,
+            retry_worker_lost=worker_lost,
+        )
+        if ending.status is None:
             self._stats["lost"] += 1
-            log.warning("run %s: claim lost, standing down without writing", run_id, extra=extra)
-            self._observe(lambda o: o.claim_lost(ctx))
+            log.warning(
+                "run %s: claim lost, standing down without writing", run_id, extra=self._extra(active)
+            )
+            if view is not None:
+                self._observe(lambda o: o.claim_lost(view))
+            if self._signals is not None:
+                self._signals.ended.fire(Ended(run_id, None))
             return
         # The task ends here; the ending writer reports back.
         self._endings.hand_over(
             active,
-            status,
-            error,
-            functools.partial(self._ended, active, status, error, started, extra),
-            # (An error raised while a stop or the deadline cut the agent is still theirs.)
-            retry=retry and status == "failed" and active.reason not in ("cancel", "deadline"),
-            park=active.park if status == "waiting" else None,
+            ending.status,
+            ending.error,
+            functools.partial(
+                self._ended,
+                active,
+                view,
+                ending.status,
+                ending.error,
+                started,
+                # (Only the agent's own error's: not a stop's or a drain's in its place.)
+                told if ending.error is error else None,
+            ),
+            retry=ending.retry,
+            park=active.park if ending.status == "waiting" else None,
         )
 
     def _ended(
         self,
         active: ActiveRun,
+        view: RunView | None,
         status: str,
         error: dict[str, Any] | None,
         started: float,
-        extra: dict[str, str],
+        told: str | None,
         recorded: str | None,
     ) -> None:
         """The run's ending landed as ``recorded`` (or, None, failed for good): report it
@@ -246,40 +255,56 @@ class Executor:
             status, error = recorded, None
         try:
             took = _aio.now() - started
-            ctx = active.ctx
-            assert ctx is not None
-            self._observe(lambda o: o.run_finished(ctx, status=status, seconds=took, recorded=landed))
-            if landed and status == "waiting":
+            if view is not None:
+                self._observe(lambda o: o.run_finished(view, status=status, seconds=took, recorded=landed))
+            # (queued: a park on children that had all ended by then; it resumes at once)
+            if landed and status in ("waiting", "queued"):
                 self._stats["parked"] += 1
                 park = active.park
                 log.info(
                     "run %s waiting for input %r",
                     active.id,
                     None if park is None else park.key,
-                    extra={**extra, "status": status},
+                    extra={**self._extra(active), "status": status},
                 )
             elif landed:
                 self._stats[status] += 1
                 if error is None:
-                    log.info("run %s %s", active.id, status, extra={**extra, "status": status})
+                    if log.isEnabledFor(logging.INFO):
+                        log.info(
+                            "run %s %s", active.id, status, extra={**self._extra(active), "status": status}
+                        )
                 else:
                     # What failed it: the type, and the message unless the host keeps
                     # it out of logs (log_error_messages=False: it may quote a user).
+                    # (``told``, the agent's traceback, follows the same rule: its last
+                    # line is the message.)
                     said = _said(error) if self._settings.log_error_messages else ""
+                    tb = {} if told is None else {"traceback": told}
                     log.warning(
                         "run %s %s: %s%s (details: runrow runs show %s)",
                         *(active.id, status, error.get("type"), said, active.id),
-                        extra={**extra, "status": status},
+                        extra={**self._extra(active), "status": status, **tb},
                     )
             else:
                 log.warning(
                     "run %s: ending %s not recorded (claim lost or database unreachable)",
                     active.id,
                     status,
-                    extra=extra,
+                    extra=self._extra(active),
                 )
         finally:
             self._roster.release(active)
+            if self._signals is not None:
+                self._signals.ended.fire(Ended(active.id, recorded))
+
+    def _extra(self, active: ActiveRun) -> dict[str, str]:
+        """The fields a run's log lines carry."""
+        return {
+            "run_id": str(active.id),
+            "conversation_id": active.row.conversation_id,
+            "worker_id": self._settings.worker_id,
+        }
 
     def _start_helper(self, helpers: list[_Helper], fn: Callable[[], Awaitable[None]]) -> None:
         helper = _Helper()
@@ -294,11 +319,11 @@ class Executor:
             log.info("run %s passed its deadline; cancelling it", active.id, extra={"run_id": str(active.id)})
             self._roster.cancel(active, "deadline")
 
-    def _flushed(self, ctx: RunContext, journal: JournalWriter, rows: int, started: float) -> None:
+    def _flushed(self, view: RunView, journal: JournalWriter, rows: int, started: float) -> None:
         if journal.flushes == 1:
             took = anyio.current_time() - started
-            self._observe(lambda o: o.first_event(ctx, seconds=took))
-        self._observe(lambda o: o.journal_flush(ctx, rows=rows))
+            self._observe(lambda o: o.first_event(view, seconds=took))
+        self._observe(lambda o: o.journal_flush(view, rows=rows))
 
 
 def _task_cancelling() -> bool:

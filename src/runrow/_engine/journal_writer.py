@@ -14,6 +14,7 @@ from .._db import HeldConnection, describe, statement_conn
 from .._errors import InvalidInput, LeaseLost
 from .._events import CONTENT_DELTA, TERMINAL_EVENT, checked_event
 from .._gateway import journal as _journal
+from .._gateway._exec import run
 from .._gateway.journal import Appended
 from .groupcommit import GroupCommit
 
@@ -22,11 +23,10 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
     from anyio.abc import TaskStatus
-    from psycopg import AsyncConnection
-    from psycopg_pool import AsyncConnectionPool
 
+    from .._gateway.claims import ClaimedRun
     from .._gateway.journal import FlushState
-    from .settings import Settings
+    from .kit import Kit
 
 __all__ = ["Appender", "JournalWriter"]
 
@@ -47,9 +47,7 @@ class JournalWriter:
 
     def __init__(
         self,
-        run_id: uuid.UUID,
-        claim_token: uuid.UUID,
-        next_seq: int,
+        run: ClaimedRun,
         appender: Appender,
         *,
         flush_interval: float,
@@ -57,9 +55,8 @@ class JournalWriter:
         on_lost: Callable[[], None],
         retry_budget: float = 10.0,
     ) -> None:
-        self.run_id = run_id
-        self.claim_token = claim_token
-        self.next_seq = next_seq
+        self._run = run  # its id and claim token fence every flush
+        self.next_seq = int(run.last_seq) + 1
         self._appender = appender
         self._interval = flush_interval
         self._max_bytes = max_event_bytes
@@ -183,7 +180,7 @@ class JournalWriter:
                 self.broken = exc
                 raise
             if not landed:
-                self.broken = LeaseLost(self.run_id)
+                self.broken = LeaseLost(self._run.id)
                 self._on_lost()
                 raise self.broken
             self.next_seq += len(rows)
@@ -199,21 +196,23 @@ class JournalWriter:
         deadline = _aio.now() + self._retry_budget
         while True:
             try:
-                return await self._appender.submit(Appended(self.run_id, self.claim_token, rows))
+                return await self._appender.submit(Appended(self._run.id, self._run.claim_token, rows))
             except (psycopg.OperationalError, psycopg.InterfaceError, TimeoutError) as exc:
                 if _aio.now() + delay > deadline:
                     raise
                 log.info(
                     "flush of run %s failed (%s); checking whether it landed",
-                    self.run_id,
+                    self._run.id,
                     describe(exc),
-                    extra={"run_id": str(self.run_id)},
+                    extra={"run_id": str(self._run.id)},
                 )
             while True:
                 await anyio.sleep(delay)
                 delay = min(delay * 2, 1.0)
                 try:
-                    found = await self._appender.landed(self.run_id, self.claim_token, [r[0] for r in rows])
+                    found = await self._appender.landed(
+                        self._run.id, self._run.claim_token, [r[0] for r in rows]
+                    )
                     landed, owned = found.landed, found.owned
                     break
                 except (psycopg.OperationalError, psycopg.InterfaceError, TimeoutError):
@@ -224,7 +223,7 @@ class JournalWriter:
             if not owned:
                 return False
             if landed:  # part of a batch cannot land alone; the seqs are someone else's
-                raise LeaseLost(self.run_id)
+                raise LeaseLost(self._run.id)
 
     def final_rows(
         self, terminal: dict[str, Any], event_type: str = TERMINAL_EVENT
@@ -257,9 +256,9 @@ class JournalWriter:
                 except Exception as exc:
                     log.warning(
                         "journal flush failed for run %s: %s",
-                        self.run_id,
+                        self._run.id,
                         describe(exc),
-                        extra={"run_id": str(self.run_id)},
+                        extra={"run_id": str(self._run.id)},
                     )
                     return
 
@@ -268,18 +267,13 @@ class Appender:
     """The journal's group-commit writer: the flushes of many runs in one fenced
     statement (its loop is service ``appends``)."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        pool: Callable[[], AsyncConnectionPool[AsyncConnection]],
-        db_trouble: Callable[[], None],
-    ) -> None:
-        self._settings = settings
-        self._channels = settings.channels
-        self._pool = pool
-        self._db_trouble = db_trouble
+    def __init__(self, kit: Kit) -> None:
+        self._settings = kit.settings
+        self._channels = kit.settings.channels
+        self._pool = kit.pool
+        self._db_trouble = kit.db_trouble
         # Kept between batches: its prepared statement stays warm (see HeldConnection).
-        self.conn = HeldConnection(pool, min_pool=6)
+        self.conn = HeldConnection(kit.pool, min_pool=6)
         self.writer: GroupCommit[Appended, bool] = GroupCommit(self._write_batch)
 
     async def run(self, *, task_status: TaskStatus[None]) -> None:
@@ -299,12 +293,12 @@ class Appender:
         """After a flush of unknown outcome: how much of it landed, and whether the claim holds."""
         self._db_trouble()
         async with statement_conn(self._pool()) as conn:
-            return await _journal.flush_landed(conn, self._settings.schema, run_id, claim_token, seqs)
+            return await run(conn, _journal.flush_landed(self._settings.schema, run_id, claim_token, seqs))
 
     async def _write_batch(self, items: list[Appended]) -> list[bool]:
         s = self._settings
         async with self.conn.statement() as conn:
-            landed = await _journal.append(
-                conn, s.schema, items, channels=self._channels, notify=s.journal_notify
+            landed = await run(
+                conn, _journal.append(s.schema, items, channels=self._channels, notify=s.journal_notify)
             )
         return [item.run_id in landed for item in items]

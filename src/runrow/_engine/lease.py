@@ -20,19 +20,15 @@ import psycopg
 from .. import _aio
 from .._db import HeldConnection, describe, statement_conn
 from .._gateway import lease as _lease
+from .._gateway._exec import run
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from anyio.abc import TaskStatus
-    from psycopg import AsyncConnection
-    from psycopg_pool import AsyncConnectionPool
 
-    from .._aio import TaskSet
     from .._hub import NotifyHub
-    from .._observe import Observers
-    from .roster import ActiveRun, Roster
-    from .settings import Settings
+    from .flight import ActiveRun
+    from .kit import Kit
+    from .roster import Roster
 
 log = logging.getLogger("runrow.dispatcher")
 
@@ -43,24 +39,15 @@ _MAX_HINTS = 1024
 class LeaseKeeper:
     """Keeps this process's claims alive, and stops the runs that lost theirs or were stopped."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        roster: Roster,
-        pool: Callable[[], AsyncConnectionPool[AsyncConnection]],
-        beat_conn: HeldConnection,
-        observe: Observers,
-        tasks: TaskSet,
-        db_trouble: Callable[[], None],
-    ) -> None:
-        self._settings = settings
+    def __init__(self, kit: Kit, roster: Roster, beat_conn: HeldConnection) -> None:
+        self._settings = kit.settings
         self._roster = roster
-        self._pool = pool
+        self._pool = kit.pool
         self._beat_conn = beat_conn  # kept for the heartbeat (see parts.py)
-        self._observe = observe
-        self._tasks = tasks
-        self._db_trouble = db_trouble
-        self._extra = {"worker_id": settings.worker_id}
+        self._observe = kit.observe
+        self._tasks = kit.tasks
+        self._db_trouble = kit.db_trouble
+        self._extra = kit.extra
         self._beat_lag = 0.0
         # Cancel hints for run ids not (yet) ours, by arrival time: a stop that commits
         # between a claim and the registration of its runs must not be lost.
@@ -102,8 +89,9 @@ class LeaseKeeper:
         s = self._settings
         try:
             async with self._beat_conn.statement() as conn:
-                alive = await _lease.heartbeat(
-                    conn, s.schema, [(a.id, a.token) for a in actives], lease_seconds=s.lease
+                alive = await run(
+                    conn,
+                    _lease.heartbeat(s.schema, [(a.id, a.token) for a in actives], lease_seconds=s.lease),
                 )
         except (psycopg.Error, OSError) as exc:
             self._db_trouble()
@@ -116,7 +104,7 @@ class LeaseKeeper:
                 if not a.finishing:
                     roster.lost(a.id)
             else:
-                a.lease_deadline = now + s.lease
+                roster.renewed(a, now + s.lease)
                 if alive[a.id] and a.reason is None:
                     roster.cancel(a, "cancel")
 
@@ -164,8 +152,8 @@ class LeaseKeeper:
         """Reads the run's durable cancel flag (the NOTIFY is only a hint) and cancels it."""
         try:
             async with statement_conn(self._pool()) as conn:
-                requested = await _lease.cancel_requested(
-                    conn, self._settings.schema, active.id, active.token
+                requested = await run(
+                    conn, _lease.cancel_requested(self._settings.schema, active.id, active.token)
                 )
         except psycopg.Error as exc:
             log.warning(

@@ -2,24 +2,39 @@
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
-from .. import _aio
 from .._db import HeldConnection
-from .._observe import Observers
 from .claimer import Claimer
 from .ending import EndingWriter
 from .executor import Executor
 from .journal_writer import Appender
 from .lease import LeaseKeeper
 from .reaper import Reaper
+from .registry import Registry
 from .roster import Roster
+from .schedules import ScheduleFirer
 from .schema_watch import SchemaWatch
 from .service import Services
+from .step_writer import StepWriter
 
 if TYPE_CHECKING:
+    import uuid
+    from collections.abc import Callable, Mapping
+    from typing import Any
+
+    from anyio.abc import TaskGroup
+    from psycopg import AsyncConnection
+    from psycopg_pool import AsyncConnectionPool
+
+    from .._gateway._exec import Plan
     from .._gateway.claims import ClaimedRun
-    from .dispatcher import Dispatcher
+    from .._hub import NotifyHub
+    from .context import Agent
+    from .flight import Park
+    from .kit import Kit, PoolCheck
+    from .settings import Settings
 
 
 # The pool size from which the heartbeat and the reaper keep a connection each (below
@@ -28,52 +43,95 @@ UPKEEP_MIN_POOL = 7
 
 
 class Host:
-    """The narrow handle a RunContext gets on the engine (see ``context.RunHost``)."""
+    """The narrow handle a run's context and step book get on the engine (see
+    ``flight.RunHost``)."""
 
-    __slots__ = ("db_trouble", "lost", "park", "pool", "settings")
+    __slots__ = ("_kit", "_roster", "_steps")
 
-    def __init__(self, dispatcher: Dispatcher, roster: Roster) -> None:
-        self.settings = dispatcher.settings
-        self.pool = dispatcher._pool_now
-        self.lost = roster.lost
-        self.park = roster.park
-        self.db_trouble = dispatcher._db_trouble
+    def __init__(self, kit: Kit, roster: Roster, steps: StepWriter) -> None:
+        self._kit = kit
+        self._roster = roster
+        self._steps = steps
+
+    @property
+    def settings(self) -> Settings:
+        return self._kit.settings
+
+    def pool(self) -> AsyncConnectionPool[AsyncConnection]:
+        return self._kit.pool()
+
+    def lost(self, run_id: uuid.UUID) -> None:
+        self._roster.lost(run_id)
+
+    def park(self, run_id: uuid.UUID, park: Park) -> None:
+        self._roster.park(run_id, park)
+
+    def db_trouble(self) -> None:
+        self._kit.db_trouble()
+
+    async def write_together(self, plan: Callable[[], Plan[Any]]) -> Any:
+        return await self._steps.write(plan)
 
 
 class Parts:
     """One running dispatcher's services and their shared state, wired together."""
 
-    def __init__(self, d: Dispatcher) -> None:
-        s = d.settings
-        pool, trouble = d._pool_now, d._db_trouble
-        observe = Observers(d._observer_list, s.worker_id)
+    def __init__(self, kit: Kit, agents: Mapping[str | None, Agent]) -> None:
+        self.kit = kit
         self.services = Services()
-        self.tasks = _aio.TaskSet()  # per-run work: the runs, their helpers, retries, checks
-        self.roster = Roster(s.concurrency)
-        self.appender = Appender(s, pool, trouble)
-        self.claimer = Claimer(s, self.roster, pool, d._stats, observe, self._start, trouble)
+        self.roster = roster = Roster(kit.settings.concurrency)
+        self.appender = Appender(kit)
+        self.steps = StepWriter(kit)
+        self.claimer = Claimer(kit, roster, self._start)
         # The ending writer claims for the slots that endings free, with them (see ending.py).
-        self.endings = EndingWriter(s, self.roster, pool, d._stats, self.tasks, trouble, self.claimer)
+        self.endings = EndingWriter(kit, roster, self.claimer)
         # The heartbeat and the reaper each keep a connection: keeping claims alive and
         # ending abandoned runs never wait behind the runs' own statements for a pooled
         # connection (a pool that busy would cost leases), nor behind each other.
-        self.beat_conn = HeldConnection(pool, min_pool=UPKEEP_MIN_POOL)
-        self.reap_conn = HeldConnection(pool, min_pool=UPKEEP_MIN_POOL)
-        self.lease = LeaseKeeper(s, self.roster, pool, self.beat_conn, observe, self.tasks, trouble)
-        self.reaper = Reaper(s, self.roster, self.reap_conn, d._stats, observe)
-        self.schema_watch = SchemaWatch(s, pool, self.claimer, self.roster, self.services)
+        self.beat_conn = HeldConnection(kit.pool, min_pool=UPKEEP_MIN_POOL)
+        self.reap_conn = HeldConnection(kit.pool, min_pool=UPKEEP_MIN_POOL)
+        self.lease = LeaseKeeper(kit, roster, self.beat_conn)
+        self.reaper = Reaper(kit, roster, self.reap_conn)
+        self.schema_watch = SchemaWatch(kit, roster, self.stop_claiming)
+        self.registry = Registry(kit, roster, agents)
+        self.schedules = ScheduleFirer(kit)
         self.executor = Executor(
-            s,
-            self.roster,
-            d._agent,
-            observe,
-            self.endings,
-            self.appender,
-            self.tasks,
-            Host(d, self.roster),
-            d._stats,
+            kit, roster, agents, self.endings, self.appender, Host(kit, roster, self.steps)
         )
+
+    async def start(self, tg: TaskGroup, pool_check: PoolCheck, hub: NotifyHub | None) -> None:
+        """Starts the services, the claim loop last (every run it starts has them all)."""
+        services = self.services
+        await services.start(tg, "appends", self.appender.run)
+        await services.start(tg, "steps", self.steps.run)
+        await services.start(tg, "endings", self.endings.run)
+        await services.start(tg, "heartbeat", self.lease.heartbeats)
+        await services.start(tg, "reaper", self.reaper.run)
+        await services.start(tg, "pool-check", pool_check.run)
+        await services.start(tg, "schema-watch", self.schema_watch.run)
+        await services.start(tg, "registry", self.registry.run)
+        await services.start(tg, "schedules", self.schedules.run)
+        if hub is not None:
+            await services.start(tg, "wakes", functools.partial(self.claimer.forward_wakes, hub))
+            await services.start(tg, "cancels", functools.partial(self.lease.watch_cancels, hub))
+        await services.start(tg, "claimer", self.claimer.run)
 
     def _start(self, row: ClaimedRun) -> None:
         self.lease.adopt(self.roster.runs[row.id])
         self.executor.start(row)
+
+    async def stop_claiming(self) -> None:
+        """Stops claiming: no claim of the loop's, none folded into an ending (a claim in
+        flight finishes and its runs start)."""
+        self.claimer.stopping = True
+        await self.services.stop("claimer", timeout=self.kit.settings.lease / 2 + 1)
+
+    async def close(self) -> None:
+        """Leaves the worker registry and gives back the connections the parts keep (at
+        shutdown)."""
+        await self.registry.leave()
+        await self.endings.close()
+        await self.appender.close()
+        await self.steps.close()
+        await self.beat_conn.release()
+        await self.reap_conn.release()

@@ -21,6 +21,8 @@ import psycopg
 
 from .._db import HeldConnection, describe, statement_conn
 from .._gateway import reaper as _reaper
+from .._gateway import workers as _workers
+from .._gateway._exec import run
 from .._names import DEFAULT_SCHEMA, Channels
 
 if TYPE_CHECKING:
@@ -33,9 +35,8 @@ if TYPE_CHECKING:
     from psycopg_pool import AsyncConnectionPool
 
     from .._gateway.reaper import Reaped
-    from .._observe import Observers
+    from .kit import Kit
     from .roster import Roster
-    from .settings import Settings
 
 log = logging.getLogger("runrow.dispatcher")
 
@@ -45,19 +46,14 @@ _WHY = {"input_expired": "its wait for input is over", "deadline_exceeded": "pas
 class Reaper:
     """A dispatcher's reaper (service ``reaper``)."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        roster: Roster,
-        conn: HeldConnection,
-        stats: dict[str, int],
-        observe: Observers,
-    ) -> None:
-        self._settings = settings
+    def __init__(self, kit: Kit, roster: Roster, conn: HeldConnection) -> None:
+        self._settings = kit.settings
+        self._stranded: frozenset[uuid.UUID] = frozenset()  # the last ones warned of
         self._roster = roster
         self._conn = conn  # kept for the reaper (see parts.py)
-        self._stats = stats
-        self._observe = observe
+        self._stats = kit.stats
+        self._observe = kit.observe
+        self._signals = kit.signals
 
     async def run(self, *, task_status: TaskStatus[None]) -> None:
         """A pass now, then one every ``reap_interval`` seconds (counted from each pass's
@@ -76,7 +72,7 @@ class Reaper:
     async def reap(self, *, now: datetime | None = None, limit: int = 100) -> list[uuid.UUID]:
         """One pass; returns the ids it ended."""
         s = self._settings
-        return await reap_expired(
+        ended = await reap_expired(
             self._conn,
             schema=s.schema,
             grace=s.grace,
@@ -85,6 +81,39 @@ class Reaper:
             on_reaped=self._counted,
             reaper_id=s.worker_id,
         )
+        if self._signals is not None and ended:
+            self._signals.reaped.fire(ended)
+        # The registry's dead, by the same rule as their runs (lease + grace).
+        async with statement_conn(self._conn) as conn:
+            gone = await run(conn, _workers.reap(s.schema, grace_seconds=s.grace, now=now))
+        for w in gone:
+            log.info(
+                "removed worker %s (pid %d on %s, version %s) from the registry: no heartbeat",
+                *(w.id, w.pid, w.host, w.version or "-"),
+                extra={"lost_worker_id": w.id, "worker_id": s.worker_id},
+            )
+        if s.resume_policy == "same_version":
+            await self._warn_stranded()
+        return ended
+
+    async def _warn_stranded(self) -> None:
+        """Under ``same_version``, warns of runs no live worker's version can resume for
+        longer than lease + grace (a dead worker's registration is gone by then), once
+        per change of the set: never silently stuck."""
+        s = self._settings
+        async with statement_conn(self._conn) as conn:
+            found = await run(conn, _workers.stranded(s.schema, older_than=s.lease + s.grace, limit=100))
+        ids = frozenset(r.id for r in found)
+        if ids and ids != self._stranded:
+            versions = sorted({r.version for r in found})
+            log.warning(
+                "%d run(s) stranded: queued with recorded steps for version %s, which no live "
+                "worker has (resume_policy='same_version'); start a worker of that version or "
+                "one with resume_policy='replay' (runrow workers stranded lists them)",
+                *(len(ids), ", ".join(versions)),
+                extra={"worker_id": s.worker_id, "versions": versions},
+            )
+        self._stranded = ids
 
     def _counted(self, n: int) -> None:
         self._stats["reaped"] += n
@@ -110,11 +139,11 @@ async def reap_expired(
 
     async def reap(ids: list[uuid.UUID]) -> list[Reaped]:
         async with statement_conn(db) as conn:
-            return await _reaper.reap(conn, schema, ids, grace_seconds=grace, channels=channels, now=now)
+            return await run(conn, _reaper.reap(schema, ids, grace_seconds=grace, channels=channels, now=now))
 
     while True:
         async with statement_conn(db) as conn:
-            ids = await _reaper.candidates(conn, schema, grace_seconds=grace, limit=limit, now=now)
+            ids = await run(conn, _reaper.candidates(schema, grace_seconds=grace, limit=limit, now=now))
         if not ids:
             break
         try:

@@ -1,34 +1,25 @@
-"""The runs one dispatcher holds, its slots, and the wake-up its claimer waits on."""
+"""The runs one dispatcher holds, its slots, and the wake-up its claimer waits on.
+
+The roster is the only writer of an :class:`~.flight.ActiveRun`: everything that starts,
+cuts, hands over or lets go of a run goes through its methods, so a run's phase, its
+reason, the slot count, the idle signal and the claimer's wake-up stay in step.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import TYPE_CHECKING
 
 import anyio
 
 from .. import _aio
+from .flight import ActiveRun, outranks
 
 if TYPE_CHECKING:
     import uuid
 
     from .._gateway.claims import ClaimedRun
-    from .context import RunContext
+    from .flight import Park, Reason
     from .journal_writer import JournalWriter
-
-Reason = Literal["cancel", "drain", "lost", "deadline", "park"]
-"""Why runrow cancelled a run's agent: a stop, a drain, a lost claim, its deadline, or
-the agent's own wait for input (it parks)."""
-
-
-class Park(NamedTuple):
-    """The input a parking run waits for: its key, the agent's request (JSON-able), how
-    long the wait may last (None: no limit), and the id the text streamed before it is
-    kept under (the same on every attempt of the turn)."""
-
-    key: str
-    request: Any
-    timeout: float | None
-    message_id: uuid.UUID | None = None
 
 
 class Waker:
@@ -50,43 +41,8 @@ class Waker:
         self.clear()
 
 
-class ActiveRun:
-    """One claimed run in this process."""
-
-    __slots__ = (
-        "ctx",
-        "finishing",
-        "handed_over",
-        "id",
-        "journal",
-        "lease_deadline",
-        "park",
-        "reason",
-        "scope",
-        "slot_freed",
-        "token",
-    )
-
-    def __init__(self, run_id: uuid.UUID, token: uuid.UUID, lease_deadline: float) -> None:
-        self.id = run_id
-        self.token = token
-        self.scope = anyio.CancelScope()
-        self.reason: Reason | None = None
-        self.finishing = False  # its agent is done; its ending is being written
-        self.handed_over = False  # its ending is with the ending writer, which releases it
-        self.lease_deadline = lease_deadline
-        self.journal: JournalWriter | None = None
-        self.ctx: RunContext | None = None
-        self.slot_freed = False
-        self.park: Park | None = None  # set when the agent parks to wait for input
-
-
 class Roster:
-    """The runs in flight, by id, and the slots that bound them.
-
-    Everything that starts, cancels or lets go of a run goes through here, so the slot
-    count, the idle signal and the claimer's wake-up stay in step.
-    """
+    """The runs in flight, by id, and the slots that bound them (the runs' only writer)."""
 
     def __init__(self, concurrency: int) -> None:
         self.runs: dict[uuid.UUID, ActiveRun] = {}
@@ -99,6 +55,8 @@ class Roster:
         self._idle = anyio.Event()
         self._idle.set()
 
+    # -- a run's life, in order ---------------------------------------------------------
+
     def take(self, claimed: list[ClaimedRun], lease: float) -> list[ActiveRun]:
         """Makes the claimed runs this process's (called right after the claim, with no
         await in between: nothing can run between the claim's answer and this). A run
@@ -108,11 +66,23 @@ class Roster:
         deadline = _aio.now() + lease
         taken = []
         for row in claimed:
-            active = self.runs[row.id] = ActiveRun(row.id, row.claim_token, deadline)
+            active = self.runs[row.id] = ActiveRun(row, deadline)
             if row.cancel_requested:
                 self.cancel(active, "cancel")
             taken.append(active)
         return taken
+
+    def attach(self, active: ActiveRun, journal: JournalWriter) -> None:
+        """The run's journal writer (made when its task starts)."""
+        active.journal = journal
+
+    def finishing(self, active: ActiveRun) -> None:
+        """The run's agent is done: its ending is being made (no cut reaches it now)."""
+        active.phase = "finishing"
+
+    def handed_over(self, active: ActiveRun) -> None:
+        """The run's ending is with the ending writer, which releases the run."""
+        active.phase = "handed_over"
 
     def free_slot(self, active: ActiveRun) -> None:
         """The run's agent is done: its slot can take the next run (idempotent)."""
@@ -121,12 +91,19 @@ class Roster:
             self.slots.release()
             self.waker.set()
 
+    def pass_slots(self, riders: list[ActiveRun]) -> None:
+        """The slots of ``riders`` passed to runs claimed with their endings (the claimer
+        gives back those no run took): none is freed again."""
+        for active in riders:
+            active.slot_freed = True
+
     def release(self, active: ActiveRun) -> None:
         """The run is done with, ending written or not: forget it (idempotent).
 
         Only this claim of the run is forgotten: a run that parked for input can be
         resumed and claimed again, by this process too, before its park's answer is
         processed, and the new claim is another ActiveRun under the same id."""
+        active.phase = "released"
         if self.runs.get(active.id) is active:
             del self.runs[active.id]
         self.free_slot(active)
@@ -138,20 +115,15 @@ class Roster:
         """Returns once no run is in flight."""
         await self._idle.wait()
 
+    # -- cutting a run short ------------------------------------------------------------
+
     def cancel(self, active: ActiveRun, reason: Reason) -> None:
-        """Cancels the run's agent for ``reason``."""
-        # A lost claim trumps everything (nothing may be written); a stop trumps a drain
-        # and a park (the user asked for it: the run ends cancelled); a park trumps a
-        # drain (the run waits for input whoever holds it: nothing of it is lost).
-        if (
-            active.reason is None
-            or reason == "lost"
-            or (reason == "cancel" and active.reason in ("drain", "park"))
-            or (reason == "park" and active.reason == "drain")
-        ):
+        """Cancels the run's agent for ``reason`` (see ``flight.outranks`` for which
+        reason stands when several arrive)."""
+        if outranks(reason, active.reason):
             active.reason = reason
-        if reason == "cancel" and active.ctx is not None:
-            active.ctx.cancel_requested = True
+        if reason == "cancel":
+            active.stop_requested = True
         active.scope.cancel()
 
     def park(self, run_id: uuid.UUID, park: Park) -> None:
@@ -167,3 +139,7 @@ class Roster:
         active = self.runs.get(run_id)
         if active is not None and not active.finishing:
             self.cancel(active, "lost")
+
+    def renewed(self, active: ActiveRun, deadline: float) -> None:
+        """A heartbeat rolled the run's lease: it lives until ``deadline`` (monotonic)."""
+        active.lease_deadline = deadline

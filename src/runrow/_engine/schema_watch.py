@@ -23,16 +23,12 @@ from .._gateway import schema as _schema
 from .._gateway._exec import run
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
 
     from anyio.abc import TaskStatus
-    from psycopg import AsyncConnection
-    from psycopg_pool import AsyncConnectionPool
 
-    from .claimer import Claimer
+    from .kit import Kit
     from .roster import Roster
-    from .service import Services
-    from .settings import Settings
 
 log = logging.getLogger("runrow.dispatcher")
 
@@ -40,19 +36,11 @@ log = logging.getLogger("runrow.dispatcher")
 class SchemaWatch:
     """Reads the schema's version once a heartbeat; stops claiming when it is ahead."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        pool: Callable[[], AsyncConnectionPool[AsyncConnection]],
-        claimer: Claimer,
-        roster: Roster,
-        services: Services,
-    ) -> None:
-        self._settings = settings
-        self._pool = pool
-        self._claimer = claimer
+    def __init__(self, kit: Kit, roster: Roster, stop_claiming: Callable[[], Awaitable[None]]) -> None:
+        self._settings = kit.settings
+        self._pool = kit.pool
         self._roster = roster
-        self._services = services
+        self._stop_claiming_now = stop_claiming
 
     async def run(self, *, task_status: TaskStatus[None]) -> None:
         """The watch (service ``schema-watch``): ends once it has stopped the claims."""
@@ -72,9 +60,7 @@ class SchemaWatch:
 
     async def _stop_claiming(self, found: int, expected: int) -> None:
         s = self._settings
-        # As the drain's first phase: no claim of the loop's, none folded into an ending.
-        self._claimer.stopping = True
-        await self._services.stop("claimer", timeout=s.lease / 2 + 1)
+        await self._stop_claiming_now()  # as the drain's first phase
         log.warning(
             "dispatcher %s stopped claiming: schema %r is at version %d, ahead of this runrow "
             "(version %d); finishing the %d run(s) it holds. Upgrade runrow on this host.",

@@ -7,7 +7,9 @@ import inspect
 import math
 import os
 import socket
+import subprocess
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +19,7 @@ from .._names import Channels, check_schema
 from .._retry import RetryPolicy
 
 if TYPE_CHECKING:
-    from .._gateway.claims import ClaimOrder
+    from .._gateway.claims import ClaimOrder, ResumePolicy
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -40,9 +42,24 @@ class Settings:
     listen_conninfo: str | None
     notifications: bool
     log_error_messages: bool = True
+    record_tracebacks: bool = True
     retry: RetryPolicy | None = None
     retry_stamp: str | None = None
     """The retry policy as each claim stamps it on its runs (None: no automatic retry)."""
+    version: str | None = None
+    """The host's code version, stamped on the runs it claims and the steps it records
+    (see :func:`detect_version`); None: unversioned."""
+    resume_policy: ResumePolicy = "replay"
+    """Who resumes a run with recorded steps: any worker, or one of the run's version."""
+    agent_keys: tuple[str, ...] = ()
+    """The agent keys served (``Dispatcher(agents=...)``): the runs claimed, and the keys a
+    run may spawn."""
+    serves_default: bool = True
+    """Whether the default agent (``Dispatcher(agent)``) is served: runs with no agent key."""
+    max_spawn_depth: int = 8
+    """How deep a tree of runs may grow: a root is depth 0, its children 1, and so on."""
+    max_children: int = 1000
+    """How many runs a tree may spawn in all (per root, every depth counted)."""
     journal_notify: bool = True
     """False drops the journal's per-flush NOTIFY (tails then poll). Not a constructor
     option: the benchmark that measures what the NOTIFY costs sets it."""
@@ -68,7 +85,13 @@ class Settings:
         listen_conninfo: str | None,
         notifications: bool,
         log_error_messages: bool = True,
+        record_tracebacks: bool = True,
         retry: RetryPolicy | None = None,
+        version: str | None = None,
+        resume_policy: ResumePolicy = "replay",
+        agents: Mapping[str | None, Any] | None = None,
+        max_spawn_depth: int = 8,
+        max_children: int = 1000,
     ) -> Settings:
         """The settings, with defaults filled in, or :class:`ConfigurationError` naming
         what is wrong. ``own_pool``: the dispatcher opens its pool from a conninfo."""
@@ -121,10 +144,21 @@ class Settings:
             )
         if worker_id is not None:
             _json.check_id(worker_id, "worker_id")
+        if version is None:
+            version = detect_version()
+        elif not isinstance(version, str) or not 0 < len(version) <= 200 or "\x00" in version:
+            raise ConfigurationError(f"version must be 1 to 200 characters of text, got {version!r}")
+        if resume_policy not in ("replay", "same_version"):
+            raise ConfigurationError(
+                f"resume_policy must be 'replay' or 'same_version', got {resume_policy!r}"
+            )
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise ConfigurationError(
                 f"retry must be a runrow.RetryPolicy or None, got {type(retry).__name__}"
             )
+        for name, limit in (("max_spawn_depth", max_spawn_depth), ("max_children", max_children)):
+            if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit < 2**31:
+                raise ConfigurationError(f"{name} must be a non-negative integer below 2**31, got {limit!r}")
         return cls(
             schema=schema,
             concurrency=concurrency,
@@ -142,8 +176,15 @@ class Settings:
             listen_conninfo=listen_conninfo,
             notifications=notifications,
             log_error_messages=log_error_messages,
+            record_tracebacks=record_tracebacks,
             retry=retry,
             retry_stamp=None if retry is None else retry.stamp(),
+            version=version,
+            resume_policy=resume_policy,
+            agent_keys=tuple(sorted(k for k in agents or () if k is not None)),
+            serves_default=agents is None or None in agents,
+            max_spawn_depth=max_spawn_depth,
+            max_children=max_children,
         )
 
     @property
@@ -165,6 +206,32 @@ class Settings:
         return self.finalize_timeout - 2 * self.ending_margin
 
 
+def detect_version() -> str | None:
+    """The version a dispatcher stamps when the host names none: ``$RUNROW_VERSION`` if set
+    (empty: none), else the short commit hash of the working directory's git checkout,
+    else None. Never raises; git is asked once per process and directory."""
+    if (env := os.environ.get("RUNROW_VERSION")) is not None:
+        return env.strip()[:200] or None
+    return _git_head(os.getcwd())
+
+
+@functools.cache
+def _git_head(cwd: str) -> str | None:
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=2,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):  # no git, or a hung one
+        return None
+    head = done.stdout.strip()
+    return head if done.returncode == 0 and head and len(head) <= 200 else None
+
+
 def check_agent(agent: object) -> None:
     """Refuses what cannot be an agent now, rather than failing every run it is given:
     an ``async def`` function (or a partial of one, or an object whose ``__call__`` is
@@ -184,3 +251,24 @@ def check_agent(agent: object) -> None:
         raise InvalidInput("agent", f"{wanted}; {agent!r} cannot be called with one argument") from None
     except ValueError:  # no signature to read (a builtin): let it through
         pass
+
+
+def check_agents(agent: object, agents: object) -> dict[str | None, Any]:
+    """The agents a dispatcher serves, by key (None: the default agent, ``agent``), each
+    checked as :func:`check_agent` does; at least one. Keys are identifiers (as ids are)."""
+    served: dict[str | None, Any] = {}
+    if agent is not None:
+        check_agent(agent)
+        served[None] = agent
+    if agents is not None:
+        if not isinstance(agents, Mapping):
+            raise InvalidInput(
+                "agents", f"must be a mapping of agent key to agent, got {type(agents).__name__}"
+            )
+        for key, each in agents.items():
+            _json.check_id(key, "agents", max_len=200)
+            check_agent(each)
+            served[key] = each
+    if not served:
+        raise InvalidInput("agent", "give an agent, or agents={key: agent, ...}, or both")
+    return served

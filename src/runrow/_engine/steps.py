@@ -16,7 +16,6 @@ import collections
 import contextvars
 import inspect
 import logging
-import sys
 import uuid
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -25,16 +24,18 @@ import psycopg
 
 from .. import _json
 from .._db import out_of_budget, statement_conn
-from .._errors import InvalidInput, LeaseLost, StepFailed, StepMismatch, StepUncertain
+from .._errors import InvalidInput, LeaseLost, StepMismatch, StepUncertain
 from .._gateway import steps as _gw
-from .roster import Park
+from .._gateway._exec import Plan, run
+from .flight import Park
+from .replay import MARKER, Recorded, rebuilt
+from .tree import CHILDREN, Children
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from .._gateway.claims import ClaimedRun
     from .._gateway.steps import StepRecord
-    from .context import RunHost
+    from .flight import ActiveRun, RunHost
     from .journal_writer import JournalWriter
 
 log = logging.getLogger("runrow.run")
@@ -55,22 +56,23 @@ _ENCLOSING: contextvars.ContextVar[tuple[object, ...]] = contextvars.ContextVar(
 class Steps:
     """The step book of one attempt (one claimed run)."""
 
-    def __init__(self, host: RunHost, row: ClaimedRun, journal: JournalWriter | None = None) -> None:
+    def __init__(self, host: RunHost, run: ActiveRun, journal: JournalWriter | None = None) -> None:
         self._host = host
-        self._run_id = row.id
+        self._run = run  # its id and claim token fence every step write
+        row = run.row
+        self._run_id = row.id  # (read on every step: kept at hand)
         self._lineage = row.lineage_id or row.id
-        self._token = row.claim_token
         # A first attempt, never parked, has nothing to replay: no read until a retry or
         # a resumed run needs one.
         replays = row.lineage_id is not None or row.resumes > 0
-        self._loaded: dict[tuple[str, int], StepRecord] | None = None if replays else {}
+        self._recorded: Recorded | None = None if replays else Recorded(row.id, ())
         # A resumed run replays what it journaled before it parked: its journal stays
         # muted until the replay passes the input it parked on (the resume point).
         self._journal = journal
         self._resume_at: int | None = None
         if row.resumes > 0 and journal is not None:
             journal.muted = True
-        self._by_position: dict[int, StepRecord] = {}
+        self._markers: dict[str, bool] = {}  # change markers asked in this turn
         self._loading: anyio.Lock = anyio.Lock()
         self._occurrences: collections.Counter[str] = collections.Counter()
         self._next_position = 0
@@ -84,7 +86,7 @@ class Steps:
         # it), when the turn goes on. The waits marked, by position: the park is the
         # lowest position's, whichever write came back first.
         self._parking: anyio.Event | None = None
-        self._marked: dict[int, tuple[str, Any, float | None]] = {}
+        self._marked: dict[int, tuple[str, Any, float | None, Children | None]] = {}
 
     async def run(
         self,
@@ -134,7 +136,7 @@ class Steps:
                 return prior.result
             if prior.status == "failed":
                 assert prior.error is not None
-                raise _rebuilt(key, prior.error)
+                raise rebuilt(key, prior.error)
             if not idempotent:
                 raise StepUncertain(self._run_id, key, occurrence)
         while (parking := self._parking) is not None:
@@ -176,42 +178,78 @@ class Steps:
 
     async def _replayed(self, key: str, occurrence: int, position: int) -> StepRecord | None:
         """What an earlier attempt left for this call (None: nothing), or StepMismatch."""
-        loaded = self._loaded
-        if loaded is None:
+        return (await self._book()).match(key, occurrence, position)
+
+    async def _book(self) -> Recorded:
+        if self._recorded is None:
             async with self._loading:
-                if self._loaded is None:
+                if self._recorded is None:
                     await self._load()
-            loaded = self._loaded
-            assert loaded is not None
-        if not loaded:
-            return None
-        there = self._by_position.get(position)
-        prior = loaded.get((key, occurrence))
-        if there is not None and there is not prior:
-            raise StepMismatch(self._run_id, position, key, there.key)
-        if prior is not None and there is None:
-            raise StepMismatch(self._run_id, position, key, None)
-        return prior
+        assert self._recorded is not None
+        return self._recorded
+
+    async def changed(self, name: str) -> bool:
+        """``RunContext.changed``: True for a run that started after change ``name``
+        (recorded, taking a position, the first time), False for one whose recorded
+        calls go past this point without the marker (they keep their positions)."""
+        _json.check_id(name, "name", max_len=_MAX_KEY - len(MARKER))
+        key = MARKER + name
+        if (known := self._markers.get(key)) is not None:
+            return known  # asked again in the turn: the same answer, no position
+        before = self._next_position
+        book = await self._book()
+        if self._next_position != before:
+            # A step numbered while the book loaded: the marker's place would depend on timing.
+            raise InvalidInput("name", "changed() must not be asked while steps start beside it")
+        answer = book.marker(key, before)
+        if answer is False:
+            self._markers[key] = False
+            return False
+        self._next_position += 1
+        self._occurrences[key] += 1
+        if answer is None:
+            while (parking := self._parking) is not None:
+                await parking.wait()
+            token = object()
+            self._active[token] = key
+            try:
+                where = {"key": key, "occurrence": 0, "position": before}
+                await self._write(_gw.record, **where, idempotent=True, result="true", error=None)
+            finally:
+                self._settled(token)
+        self._markers[key] = True
+        return True
 
     async def _load(self) -> None:
-        records = await self._retrying(lambda conn, schema: _gw.load(conn, schema, run_id=self._run_id))
-        self._by_position = {r.position: r for r in records}
-        self._loaded = {(r.key, r.occurrence): r for r in records}
+        records = await self._retrying(self._read_book)
+        self._recorded = Recorded(self._run_id, records)
+        # (A wait for children is recorded once the run resumes: it is where it parked.)
         answered = [
-            r.position for r in records if r.input and r.run_id == self._run_id and r.status == "recorded"
+            r.position
+            for r in records
+            if r.input
+            and r.run_id == self._run_id
+            and (r.status == "recorded" or (r.status == "waiting" and r.key.startswith(CHILDREN)))
         ]
         self._resume_at = max(answered, default=None)
         if self._resume_at is None:
             self._unmute()
 
+    async def _read_book(self) -> list[StepRecord]:
+        async with statement_conn(self._host.pool()) as conn:
+            return await run(conn, _gw.load(self._host.settings.schema, run_id=self._run_id))
+
     def _unmute(self) -> None:
         if self._journal is not None:
             self._journal.muted = False
 
-    async def wait(self, key: str, request: Any, timeout: float | None) -> Any:
+    async def wait(
+        self, key: str, request: Any, timeout: float | None, children: Children | None = None
+    ) -> Any:
         """An input a person records (``RunContext.wait_for_input``): its value if it was
         provided; else the input is marked waiting and the run parks (this never
-        returns then: the agent is cancelled)."""
+        returns then: the agent is cancelled). With ``children`` (``wait_for_children``),
+        the input is the children's outcomes: recorded as soon as they are ready."""
         _json.check_id(key, "key", max_len=_MAX_KEY)
         text = _json.dumps(request, "request", self._host.settings.max_event_bytes)
         if timeout is not None and (
@@ -240,13 +278,21 @@ class Steps:
                 # attempt's answer to save again.
                 self._journal.answer_taken()
             return prior.result
+        if children is not None and (outcomes := await children.ready()) is not None:
+            where = {"key": key, "occurrence": 0, "position": position}
+            if prior is not None and prior.run_id != self._run_id:  # an earlier attempt's park
+                await self._write(_gw.wait, **where, request=text)
+            got = await self._write(_gw.record, **where, idempotent=True, result=outcomes, error=None)
+            if position == self._resume_at:
+                self._unmute()
+            return got.result
         token = object()
         self._active[token] = key
         try:
             await self._write(_gw.wait, key=key, occurrence=0, position=position, request=text)
         finally:
             self._settled(token)
-        self._marked[position] = (key, request, timeout)
+        self._marked[position] = (key, request, timeout, children)
         try:
             while True:
                 if (parking := self._parking) is None:
@@ -270,8 +316,11 @@ class Steps:
             self._parking = None
             parking.set()
             raise
-        key, request, timeout = self._marked[min(self._marked)]
-        self._host.park(self._run_id, Park(key, request, timeout, uuid.uuid5(self._lineage, f"input:{key}")))
+        key, request, timeout, children = self._marked[min(self._marked)]
+        message_id = uuid.uuid5(self._lineage, f"input:{key}")
+        awaiting = None if children is None else children.pending
+        first = children is not None and children.first
+        self._host.park(self._run_id, Park(key, request, timeout, message_id, awaiting, first))
 
     def _settled(self, token: object) -> None:
         self._active.pop(token, None)
@@ -305,14 +354,15 @@ class Steps:
                 extra={"run_id": str(self._run_id)},
             )
 
-    async def _write(self, statement: Callable[..., Awaitable[T | None]], **params: Any) -> T:
+    async def _write(self, statement: Callable[..., Plan[T | None]], **params: Any) -> T:
         """A fenced step write; what it returned. Shielded: a stop cutting it short would
         leave the step's state unknown to this attempt; the stop lands at the agent's
         next await."""
+        schema = self._host.settings.schema
         with anyio.CancelScope(shield=True):
             done = await self._retrying(
-                lambda conn, schema: statement(
-                    conn, schema, run_id=self._run_id, claim_token=self._token, **params
+                lambda: self._host.write_together(
+                    lambda: statement(schema, run_id=self._run_id, claim_token=self._run.token, **params)
                 )
             )
         if done is None or done is False:
@@ -320,9 +370,9 @@ class Steps:
             raise LeaseLost(self._run_id)
         return done  # type: ignore[no-any-return]
 
-    async def _retrying(self, call: Callable[[Any, str], Awaitable[Any]]) -> Any:
-        """Runs ``call`` on a pooled connection, sending it again after a transient
-        failure (every step statement is safe to repeat) for up to half the lease."""
+    async def _retrying(self, call: Callable[[], Awaitable[Any]]) -> Any:
+        """Runs ``call``, sending it again after a transient failure (every step statement
+        is safe to repeat) for up to half the lease."""
         settings = self._host.settings
         budget = settings.lease / 2
         deadline = anyio.current_time() + budget
@@ -330,8 +380,7 @@ class Steps:
         while True:
             try:
                 with anyio.fail_after(max(deadline - anyio.current_time(), delay)):
-                    async with statement_conn(self._host.pool()) as conn:
-                        return await call(conn, settings.schema)
+                    return await call()
             except _TRANSIENT as exc:
                 if anyio.current_time() + delay > deadline:
                     if (named := out_of_budget(exc, "a step's record (run.step)", budget)) is not None:
@@ -341,21 +390,3 @@ class Steps:
                 log.info("step write of run %s failed; sending it again", self._run_id)
             await anyio.sleep(delay)
             delay = min(delay * 2, 1.0)
-
-
-def _rebuilt(key: str, error: dict[str, Any]) -> Exception:
-    """The error a step raised, rebuilt from its record: the same type and message when
-    the type is loaded here and takes its message back, else :class:`StepFailed`."""
-    message, type_name = str(error.get("message", "")), str(error.get("type", "Exception"))
-    # Only from modules already imported: a replay never imports code.
-    target: Any = sys.modules.get(str(error.get("module", "")))
-    for part in type_name.split("."):
-        target = getattr(target, part, None)
-    if isinstance(target, type) and issubclass(target, Exception):
-        try:
-            exc = target(message)
-        except Exception:
-            exc = None
-        if exc is not None and str(exc) == message:
-            return exc
-    return StepFailed(key, type_name, message)

@@ -1,11 +1,25 @@
 """The SQL gateway: the only code that loads statements from ``sql/`` and binds them.
 
-Each module is the part of the gateway one service or API uses. Its functions take a
-connection (and the schema), bind named parameters, and return typed records, never
-positional rows. Statements run through :func:`._exec.execute`, which keeps JIT off. The
-functions the sync API shares (``submit``, ``stop``, the tail's, ``get_run``,
-``throughput``, ``queue_position``, ``schema.version``) are plans instead: they take no
-connection, and ``_exec.run`` or ``_exec.run_sync`` executes them.
+Each module is the part of the gateway one service or API uses. One convention: every
+function that runs SQL is a *plan* (see :mod:`._exec`). It takes the schema and typed
+arguments, never a connection; it binds named parameters, yields each statement as a
+:class:`._exec.Query`, gets its rows back, and returns a typed record, never positional
+rows. The caller runs it: ``await _exec.run(conn, gw.f(schema, ...))``, or
+``_exec.run_sync(conn, ...)`` on a synchronous connection, so the sync API shares every
+plan, and the JIT guard (see :func:`._exec.execute`) is decided once for all.
+
+The exceptions, each on the worker's hot path, take a connection because a plan's
+executor cannot send them as they must go (``tests/test_layout.py`` names them and
+fails on any other):
+
+- ``claims.claim`` (with ``claims.rows_cursor`` and ``claims.fetch``): the claim runs
+  on a raw cursor with ``$n`` placeholders; it is over psycopg's 4 KB cache limit, so
+  sent as named placeholders it would be parsed again on every call (about 0.1 ms of CPU
+  each, see :class:`runrow._sql.Positional`).
+- ``endings.finalize``, ``endings.finalize_then_claim`` and
+  ``endings.unset_session_bound``: the ending is the same raw-cursor case, pipelined
+  with its time bound and with the claim for the slots it frees, in one round trip and
+  one transaction; statement by statement it would cost a round trip more per ending.
 """
 
 from __future__ import annotations

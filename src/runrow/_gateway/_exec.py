@@ -1,12 +1,14 @@
 """Runs bound statements on a connection, with JIT off (see sql/session.sql).
 
-The gateway's modules call :func:`execute`; nothing else in runrow runs SQL text.
+The gateway runs statements through :func:`run` (plans) or :func:`execute`; nothing
+else in runrow runs SQL text.
 
-Plans: the gateway functions that both the asynchronous API and :mod:`runrow.sync` use
-are written once, as *plans*: generators that yield each :class:`Query` and get its rows
-back, then return a typed record. :func:`run` executes a plan on an ``AsyncConnection``,
-:func:`run_sync` on a ``Connection``; the rules of the JIT guard (which statement goes
-before and after a query) are decided once, in :func:`_guard`, for both.
+Plans: the gateway's functions are written once, as *plans* (see the package's
+docstring for the few exceptions): generators that yield each :class:`Query` and get its
+rows back, then return a typed record. :func:`run` executes a plan on an
+``AsyncConnection``, :func:`run_sync` on a ``Connection`` (the sync API shares them); the
+rules of the JIT guard (which statement goes before and after a query) are decided once,
+in :func:`_guard`, for both.
 """
 
 from __future__ import annotations
@@ -169,16 +171,17 @@ def execute_sync(
     params: Mapping[str, Any] | Sequence[Any] | None = None,
     *,
     cursor: Cursor[Any] | None = None,
+    prepare: bool | None = None,
 ) -> Cursor[Any]:
     """:func:`execute` for a synchronous connection."""
     cur = cursor if cursor is not None else conn.cursor()
     guard = None if conn in _JIT_OFF or _no_jit_sync(conn) else _guard(conn)
     if guard is None:
-        cur.execute(query, params)
+        cur.execute(query, params, prepare=prepare)
         return cur
     with conn.pipeline():
         conn.execute(guard.before)
-        cur.execute(query, params)
+        cur.execute(query, params, prepare=prepare)
         if guard.after is not None:
             conn.execute(guard.after)
     if guard.marks_own:
@@ -228,13 +231,16 @@ def own_transaction_sync(conn: Connection[Any]) -> Iterator[Connection[Any]]:
 
 @dataclass(frozen=True, slots=True)
 class Query:
-    """One statement of a plan: its text, its parameters, how to build its rows, and
-    whether it runs plainly (no JIT guard: the schema checks, see ``schema.py``)."""
+    """One statement of a plan: its text, its parameters, how to build its rows,
+    whether it runs plainly (no JIT guard: the schema's statements, see ``schema.py``),
+    and psycopg's ``prepare`` (False: planned for its values every time, see
+    :func:`execute`)."""
 
     text: bytes
     params: Mapping[str, Any] | None = None
     row_factory: BaseRowFactory[Any] | None = None
     plain: bool = False
+    prepare: bool | None = None
 
 
 Plan: TypeAlias = "Generator[Query, list[Any], T]"
@@ -250,14 +256,43 @@ async def run(conn: AsyncConnection, plan: Plan[T]) -> T:
         while True:
             cur = conn.cursor(row_factory=query.row_factory) if query.row_factory else conn.cursor()
             if query.plain:
-                await cur.execute(query.text, query.params)
+                await cur.execute(query.text, query.params, prepare=query.prepare)
             else:
-                await execute(conn, query.text, query.params, cursor=cur)
+                await execute(conn, query.text, query.params, cursor=cur, prepare=query.prepare)
             query = plan.send(await cur.fetchall() if cur.description is not None else [])
     except StopIteration as done:
         return cast("T", done.value)
     finally:
         plan.close()
+
+
+async def run_together(conn: AsyncConnection, plans: Sequence[Plan[Any]]) -> list[Any]:
+    """Runs single-statement ``plans`` on autocommit ``conn`` in one transaction and one
+    round trip (pipelined), and returns their results in order: the writes of many runs
+    then share one commit. A statement that fails rolls the transaction back: none
+    landed, and the error is raised."""
+    queries = [next(plan) for plan in plans]
+    cursors: list[AsyncCursor[Any]] = []
+    try:
+        # On an autocommit connection, the statements pipelined up to one Sync (the
+        # pipeline's end) run in one implicit transaction: one commit, all or none.
+        async with conn.pipeline():
+            for query in queries:
+                cur = conn.cursor(row_factory=query.row_factory) if query.row_factory else conn.cursor()
+                await execute(conn, query.text, query.params, cursor=cur, prepare=query.prepare)
+                cursors.append(cur)
+        results = []
+        for plan, cur in zip(plans, cursors, strict=True):
+            try:
+                plan.send(await cur.fetchall() if cur.description is not None else [])
+            except StopIteration as done:
+                results.append(done.value)
+            else:
+                raise RuntimeError("run_together takes plans of one statement")
+        return results
+    finally:
+        for plan in plans:
+            plan.close()
 
 
 def run_sync(conn: Connection[Any], plan: Plan[T]) -> T:
@@ -267,9 +302,9 @@ def run_sync(conn: Connection[Any], plan: Plan[T]) -> T:
         while True:
             cur = conn.cursor(row_factory=query.row_factory) if query.row_factory else conn.cursor()
             if query.plain:
-                cur.execute(query.text, query.params)
+                cur.execute(query.text, query.params, prepare=query.prepare)
             else:
-                execute_sync(conn, query.text, query.params, cursor=cur)
+                execute_sync(conn, query.text, query.params, cursor=cur, prepare=query.prepare)
             query = plan.send(cur.fetchall() if cur.description is not None else [])
     except StopIteration as done:
         return cast("T", done.value)

@@ -9,13 +9,11 @@ from psycopg.rows import class_row
 
 from .. import _sql
 from .._models import RunInfo
-from ._exec import execute
+from ._exec import Plan, Query
 
 if TYPE_CHECKING:
     import uuid
     from datetime import datetime
-
-    from psycopg import AsyncConnection
 
 
 class RunFilter(NamedTuple):
@@ -88,102 +86,89 @@ class Bucket(NamedTuple):
     reaped: int
 
 
-async def list_runs(
-    conn: AsyncConnection, schema: str, f: RunFilter, *, before: tuple[datetime, uuid.UUID] | None, limit: int
-) -> list[RunInfo]:
+def list_runs(
+    schema: str, f: RunFilter, *, before: tuple[datetime, uuid.UUID] | None, limit: int
+) -> Plan[list[RunInfo]]:
     """One page of runs, newest first, after the keyset cursor ``before`` (created_at, id)."""
-    cur = conn.cursor(row_factory=class_row(RunInfo))
     params: dict[str, Any] = dict(f._asdict())
     params.update(
         before_created=None if before is None else before[0],
         before_id=None if before is None else before[1],
         limit=limit,
     )
-    await execute(conn, _sql.statement("admin_list_runs", schema), params, cursor=cur, prepare=False)
-    return await cur.fetchall()
+    rows = yield Query(
+        _sql.statement("admin_list_runs", schema), params, row_factory=class_row(RunInfo), prepare=False
+    )
+    return rows
 
 
-async def status_counts(conn: AsyncConnection, schema: str, *, tenant_id: str | None) -> dict[str, int]:
+def status_counts(schema: str, *, tenant_id: str | None) -> Plan[dict[str, int]]:
     """Live runs per status, and those finished in the last hour."""
-    cur = await execute(
-        conn, _sql.statement("admin_status_counts", schema), {"tenant_id": tenant_id}, prepare=False
-    )
-    return {str(s): int(n) for s, n in await cur.fetchall()}
+    rows = yield Query(_sql.statement("admin_status_counts", schema), {"tenant_id": tenant_id}, prepare=False)
+    return {str(s): int(n) for s, n in rows}
 
 
-async def lineage(conn: AsyncConnection, schema: str, *, root: uuid.UUID) -> list[tuple[Any, ...]]:
+def lineage(schema: str, *, root: uuid.UUID) -> Plan[list[tuple[Any, ...]]]:
     """The turn's attempts: (id, status, attempt, retry_of, tenant_id, created_at, finished_at, error)."""
-    cur = await execute(conn, _sql.statement("admin_lineage", schema), {"root": root})
-    return list(await cur.fetchall())
+    rows = yield Query(_sql.statement("admin_lineage", schema), {"root": root})
+    return list(rows)
 
 
-async def terminal_event(conn: AsyncConnection, schema: str, *, run_id: uuid.UUID) -> dict[str, Any] | None:
+def terminal_event(schema: str, *, run_id: uuid.UUID) -> Plan[dict[str, Any] | None]:
     """The payload of the run's terminal event, if it has one."""
-    cur = await execute(conn, _sql.statement("admin_terminal_event", schema), {"run_id": run_id})
-    row = await cur.fetchone()
-    return None if row is None else dict(row[0])
+    rows = yield Query(_sql.statement("admin_terminal_event", schema), {"run_id": run_id})
+    return dict(rows[0][0]) if rows else None
 
 
-async def steps(conn: AsyncConnection, schema: str, *, lineage_id: uuid.UUID, limit: int) -> list[StepRow]:
+def steps(schema: str, *, lineage_id: uuid.UUID, limit: int) -> Plan[list[StepRow]]:
     """The turn's durable steps in call order."""
-    cur = await execute(
-        conn, _sql.statement("admin_steps", schema), {"lineage_id": lineage_id, "limit": limit}
-    )
-    return [StepRow(*row) for row in await cur.fetchall()]
+    rows = yield Query(_sql.statement("admin_steps", schema), {"lineage_id": lineage_id, "limit": limit})
+    return [StepRow(*row) for row in rows]
 
 
-async def conversation_runs(
-    conn: AsyncConnection, schema: str, *, conversation_id: str, limit: int
-) -> list[Attempt]:
+def conversation_runs(schema: str, *, conversation_id: str, limit: int) -> Plan[list[Attempt]]:
     """A conversation's turns in order."""
-    cur = await execute(
-        conn,
+    rows = yield Query(
         _sql.statement("admin_conversation_runs", schema),
         {"conversation_id": conversation_id, "limit": limit},
     )
-    return [Attempt(*row) for row in await cur.fetchall()]
+    return [Attempt(*row) for row in rows]
 
 
-async def tenant_health(conn: AsyncConnection, schema: str, *, tenant_id: str | None) -> list[TenantHealth]:
+def tenant_health(schema: str, *, tenant_id: str | None) -> Plan[list[TenantHealth]]:
     """Per tenant: queued, running, oldest wait, weight and cap."""
-    cur = await execute(
-        conn, _sql.statement("admin_tenant_health", schema), {"tenant_id": tenant_id}, prepare=False
-    )
-    return [TenantHealth(*row) for row in await cur.fetchall()]
+    rows = yield Query(_sql.statement("admin_tenant_health", schema), {"tenant_id": tenant_id}, prepare=False)
+    return [TenantHealth(*row) for row in rows]
 
 
-async def workers(conn: AsyncConnection, schema: str, *, tenant_id: str | None) -> list[WorkerRow]:
+def workers(schema: str, *, tenant_id: str | None) -> Plan[list[WorkerRow]]:
     """Workers holding running runs: how many, and their last heartbeat."""
-    cur = await execute(
-        conn, _sql.statement("admin_workers", schema), {"tenant_id": tenant_id}, prepare=False
-    )
-    return [WorkerRow(*row) for row in await cur.fetchall()]
+    rows = yield Query(_sql.statement("admin_workers", schema), {"tenant_id": tenant_id}, prepare=False)
+    return [WorkerRow(*row) for row in rows]
 
 
-async def finished_series(
-    conn: AsyncConnection, schema: str, *, tenant_id: str | None, window_seconds: float, bucket_seconds: float
-) -> list[Bucket]:
+def finished_series(
+    schema: str, *, tenant_id: str | None, window_seconds: float, bucket_seconds: float
+) -> Plan[list[Bucket]]:
     """Runs finished per bucket over the last ``window_seconds``."""
-    cur = await execute(
-        conn,
+    rows = yield Query(
         _sql.statement("admin_finished_series", schema),
         {"tenant_id": tenant_id, "window_seconds": window_seconds, "bucket_seconds": bucket_seconds},
         prepare=False,
     )
-    return [Bucket(b, int(c), int(o), int(r)) for b, c, o, r in await cur.fetchall()]
+    return [Bucket(b, int(c), int(o), int(r)) for b, c, o, r in rows]
 
 
-async def depth_series(
-    conn: AsyncConnection, schema: str, *, tenant_id: str | None, window_seconds: float, bucket_seconds: float
-) -> list[int]:
+def depth_series(
+    schema: str, *, tenant_id: str | None, window_seconds: float, bucket_seconds: float
+) -> Plan[list[int]]:
     """Queue depth at the end of each bucket over the last ``window_seconds`` (oldest first)."""
-    cur = await execute(
-        conn,
+    rows = yield Query(
         _sql.statement("admin_depth_series", schema),
         {"tenant_id": tenant_id, "window_seconds": window_seconds, "bucket_seconds": bucket_seconds},
         prepare=False,
     )
-    changes = {int(slot): int(delta) for slot, delta in await cur.fetchall()}
+    changes = {int(slot): int(delta) for slot, delta in rows}
     depth, out = 0, []
     for slot in range(int(window_seconds // bucket_seconds)):
         depth += changes.pop(slot, 0)

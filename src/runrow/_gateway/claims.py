@@ -1,4 +1,4 @@
-"""The claimer's statements (``claim``, ``claim_fifo`` in ``sql/runs.sql``); the ending
+"""The claimer's statements (``claim``, ``claim_fifo`` in ``sql/claims.sql``); the ending
 writer sends the same claim after a batch of endings (see ``endings.finalize_then_claim``)."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from psycopg import AsyncConnection, AsyncCursor
 
 ClaimOrder = Literal["fair", "fifo"]
+ResumePolicy = Literal["replay", "same_version"]
 
 
 class ClaimedRun(NamedTuple):
@@ -44,6 +45,12 @@ class ClaimedRun(NamedTuple):
     resumes: int
     content: Any
     last_seq: int
+    agent_key: str | None
+    """The agent that runs it (None: the default agent)."""
+    parent_run_id: uuid.UUID | None
+    """A child's parent (its turn's first run); None for a turn a host enqueued."""
+    root_run_id: uuid.UUID | None
+    """A child's tree root (its turn's first run); None for a turn a host enqueued."""
 
 
 class ClaimRequest(NamedTuple):
@@ -56,6 +63,14 @@ class ClaimRequest(NamedTuple):
     retry_policy: str | None = None
     """JSON text stamped on each claimed run (None: not retried)."""
     now: datetime | None = None
+    version: str | None = None
+    """The claiming worker's version: the run's own if it has none yet (see ``claim``)."""
+    same_version: bool = False
+    """Take a run with recorded steps only if its version is ``version`` (see ``claim``)."""
+    agent_keys: Sequence[str] = ()
+    """The agent keys this worker serves (see ``claim``)."""
+    serves_default: bool = True
+    """Whether it serves the default agent (runs whose agent_key is NULL)."""
 
 
 def statement(schema: str, req: ClaimRequest) -> tuple[bytes, tuple[Any, ...]]:
@@ -69,6 +84,10 @@ def statement(schema: str, req: ClaimRequest) -> tuple[bytes, tuple[Any, ...]]:
             "worker_id": req.worker_id,
             "now": req.now,
             "retry_policy": req.retry_policy,
+            "version": req.version,
+            "same_version": req.same_version,
+            "agent_keys": list(req.agent_keys),
+            "serves_default": req.serves_default,
         }
     )
 
@@ -97,10 +116,29 @@ async def claim(
     worker_id: str,
     now: datetime | None = None,
     retry_policy: str | None = None,
+    version: str | None = None,
+    same_version: bool = False,
+    agent_keys: Sequence[str] = (),
+    serves_default: bool = True,
 ) -> list[ClaimedRun]:
     """Claims up to ``limit`` runs (at most one per conversation) in ``order``, stamping
-    each with ``retry_policy`` (JSON text; None: not retried)."""
-    query, params = statement(schema, ClaimRequest(order, limit, lease_seconds, worker_id, retry_policy, now))
+    each with ``retry_policy`` (JSON text; None: not retried) and ``version`` (the run's
+    own only if it has none yet); ``same_version``: a run with recorded steps only if its
+    version is ``version``; only runs of ``agent_keys`` (and of the default agent, with
+    ``serves_default``)."""
+    req = ClaimRequest(
+        order,
+        limit,
+        lease_seconds,
+        worker_id,
+        retry_policy,
+        now,
+        version,
+        same_version,
+        agent_keys,
+        serves_default,
+    )
+    query, params = statement(schema, req)
     cur = rows_cursor(conn)
     await execute(conn, query, params, cursor=cur)
     return await fetch(cur)

@@ -1,4 +1,4 @@
-"""The ending writer's statements: ``finalize`` and ``ending_landed`` (``sql/runs.sql``),
+"""The ending writer's statements: ``finalize`` and ``ending_landed`` (``sql/endings.sql``),
 and the bounds it sets around them (``ending_budget*``, ``sql/session.sql``)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from psycopg import AsyncRawCursor
 
 from .. import _sql
 from . import claims
-from ._exec import execute
+from ._exec import Plan, Query
 from .journal import EventRow, batch_json
 
 if TYPE_CHECKING:
@@ -40,15 +40,24 @@ class Ending(NamedTuple):
     partial_id: uuid.UUID | None = None
     """The id ``partial`` is saved under (None: a fresh one); a park's text has its wait's
     message id, so a retry parking at the same wait does not save it twice."""
+    awaiting: Sequence[uuid.UUID] | None = None
+    """A park on children (``wait_for_children``): the children (by first run) it waits on."""
+    await_any: bool = False
+    """With ``awaiting``: the first of them to end is enough."""
+    child: bool = False
+    """The run has a parent (a spawned child): its ending may wake it (``wake_parents``)."""
 
 
 def finalize_params(endings: Sequence[Ending], channels: Channels) -> dict[str, Any]:
     """The ``finalize`` statement's parameters for ``endings`` (the benchmarks' bare loops
     send them too)."""
-    return {
-        "runs": batch_json(
+    runs: list[dict[str, Any]] = []
+    events: list[dict[str, Any]] = []
+    for e in endings:
+        run_id = str(e.run_id)  # (once per run: a UUID's text costs a microsecond)
+        runs.append(
             {
-                "id": str(e.run_id),
+                "id": run_id,
                 "token": str(e.claim_token),
                 "status": e.status,
                 "error": e.error,
@@ -56,14 +65,17 @@ def finalize_params(endings: Sequence[Ending], channels: Channels) -> dict[str, 
                 "partial_id": None if e.partial_id is None else str(e.partial_id),
                 "retry": e.retry,
                 "input_timeout": e.input_timeout,
+                "awaiting": None if e.awaiting is None else [str(c) for c in e.awaiting],
+                "await_any": e.await_any,
             }
-            for e in endings
-        ),
-        "events": batch_json(
-            {"run_id": str(e.run_id), "seq": seq, "type": etype, "payload": payload}
-            for e in endings
+        )
+        events.extend(
+            {"run_id": run_id, "seq": seq, "type": etype, "payload": payload}
             for seq, etype, payload in e.events
-        ),
+        )
+    return {
+        "runs": batch_json(runs),
+        "events": batch_json(events),
         "events_prefix": channels.events_prefix,
         "wake_channel": channels.wake,
     }
@@ -88,7 +100,8 @@ async def finalize(
     query = _sql.positional("finalize", schema)
     params = query.bind(finalize_params(endings, channels))
     cur = AsyncRawCursor(conn)
-    if local_bound_ms is None and session_bound_ms is None:
+    children = [e.run_id for e in endings if e.child]
+    if local_bound_ms is None and session_bound_ms is None and not children:
         await cur.execute(query.query, params)
     else:
         async with conn.pipeline():
@@ -96,12 +109,19 @@ async def finalize(
                 await conn.execute(
                     _sql.statement("ending_budget_session", schema), {"timeout": f"{session_bound_ms}ms"}
                 )
-            else:
+            elif local_bound_ms is not None:
                 await conn.execute(
                     _sql.statement("ending_budget", schema), {"timeout": f"{local_bound_ms}ms"}
                 )
             await cur.execute(query.query, params)
+            if children:  # (in the same implicit transaction: no sync between them)
+                await _wake_parents(conn, schema, children, channels)
     return {row[0]: row[1] for row in await cur.fetchall()}
+
+
+async def _wake_parents(conn: AsyncConnection, schema: str, ids: list[uuid.UUID], channels: Channels) -> None:
+    """Pipelines ``wake_parents`` for the children among a batch's endings."""
+    await conn.execute(_sql.statement("wake_parents", schema), {"ids": ids, "wake_channel": channels.wake})
 
 
 async def finalize_then_claim(
@@ -135,6 +155,8 @@ async def finalize_then_claim(
         elif local_bound_ms is not None:
             await conn.execute(_sql.statement("ending_budget", schema), {"timeout": f"{local_bound_ms}ms"})
         await cur.execute(final.query, params)
+        if children := [e.run_id for e in endings if e.child]:
+            await _wake_parents(conn, schema, children, channels)
         await claimed.execute(query, claim_params)
     landed = {row[0]: row[1] for row in await cur.fetchall()}
     return landed, await claims.fetch(claimed)
@@ -145,12 +167,11 @@ async def unset_session_bound(conn: AsyncConnection, schema: str) -> None:
     await conn.execute(_sql.statement("ending_budget_unset", schema))
 
 
-async def landed(conn: AsyncConnection, schema: str, ending: Ending) -> str | None:
+def landed(schema: str, ending: Ending) -> Plan[str | None]:
     """The status recorded if ``ending`` is the one recorded (an earlier attempt whose
     answer was lost), else None."""
     seq, etype, payload = ending.events[-1]  # the terminal event (a park's input_requested)
-    cur = await execute(
-        conn,
+    rows = yield Query(
         _sql.statement("ending_landed", schema),
         {
             "run_id": ending.run_id,
@@ -161,5 +182,4 @@ async def landed(conn: AsyncConnection, schema: str, ending: Ending) -> str | No
             "payload": payload,
         },
     )
-    row = await cur.fetchone()
-    return None if row is None else str(row[0])
+    return str(rows[0][0]) if rows else None

@@ -7,13 +7,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .. import _sql
-from ._exec import execute
+from ._exec import Plan, Query
 
 if TYPE_CHECKING:
     import uuid
     from collections.abc import Iterable, Sequence
-
-    from psycopg import AsyncConnection
 
     from .._names import Channels
 
@@ -56,27 +54,19 @@ def append_params(batch: Sequence[Appended], channels: Channels, *, notify: bool
     return {"events": events, "events_prefix": channels.events_prefix, "notify": notify}
 
 
-async def append(
-    conn: AsyncConnection, schema: str, batch: Sequence[Appended], *, channels: Channels, notify: bool = True
-) -> set[uuid.UUID]:
+def append(
+    schema: str, batch: Sequence[Appended], *, channels: Channels, notify: bool = True
+) -> Plan[set[uuid.UUID]]:
     """Appends every run's events in one statement, each fenced by its claim; returns
     the runs whose events landed (a run missing lost its claim). ``notify=False`` drops
     the per-run NOTIFY (tails then poll); it exists to measure what the NOTIFY costs."""
-    cur = await execute(
-        conn, _sql.statement("append_events", schema), append_params(batch, channels, notify=notify)
-    )
-    return {row[0] for row in await cur.fetchall()}
+    rows = yield Query(_sql.statement("append_events", schema), append_params(batch, channels, notify=notify))
+    return {row[0] for row in rows}
 
 
-async def flush_landed(
-    conn: AsyncConnection, schema: str, run_id: uuid.UUID, claim_token: uuid.UUID, seqs: list[int]
-) -> FlushState:
+def flush_landed(schema: str, run_id: uuid.UUID, claim_token: uuid.UUID, seqs: list[int]) -> Plan[FlushState]:
     """Reads back how much of a flush landed and whether the claim still holds."""
-    cur = await execute(
-        conn,
-        _sql.statement("flush_landed", schema),
-        {"run_id": run_id, "claim_token": claim_token, "seqs": seqs},
+    (row,) = yield Query(  # two aggregates: always one row
+        _sql.statement("flush_landed", schema), {"run_id": run_id, "claim_token": claim_token, "seqs": seqs}
     )
-    row = await cur.fetchone()
-    assert row is not None
     return FlushState(int(row[0]), bool(row[1]))

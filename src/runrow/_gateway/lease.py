@@ -1,32 +1,28 @@
-"""The lease keeper's statements (``heartbeat``, ``cancel_flag`` in ``sql/runs.sql``)."""
+"""The lease keeper's statements (``heartbeat``, ``cancel_flag`` in ``sql/claims.sql``)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from .. import _sql
-from ._exec import execute
+from ._exec import Plan, Query
 
 if TYPE_CHECKING:
     import uuid
     from collections.abc import Sequence
     from datetime import datetime
 
-    from psycopg import AsyncConnection
 
-
-async def heartbeat(
-    conn: AsyncConnection,
+def heartbeat(
     schema: str,
     runs: Sequence[tuple[uuid.UUID, uuid.UUID]],
     *,
     lease_seconds: float,
     now: datetime | None = None,
-) -> dict[uuid.UUID, bool]:
+) -> Plan[dict[uuid.UUID, bool]]:
     """Rolls the lease of each ``(run id, claim token)`` still held; returns, for each run
     still this claim's, whether a stop was requested (runs missing are lost)."""
-    cur = await execute(
-        conn,
+    rows = yield Query(
         _sql.statement("heartbeat", schema),
         {
             "ids": [run_id for run_id, _ in runs],
@@ -35,15 +31,10 @@ async def heartbeat(
             "now": now,
         },
     )
-    return {run_id: bool(cancel) for run_id, cancel in await cur.fetchall()}
+    return {run_id: bool(cancel) for run_id, cancel in rows}
 
 
-async def cancel_requested(
-    conn: AsyncConnection, schema: str, run_id: uuid.UUID, claim_token: uuid.UUID
-) -> bool:
+def cancel_requested(schema: str, run_id: uuid.UUID, claim_token: uuid.UUID) -> Plan[bool]:
     """Whether a stop was requested for the run while this claim holds it."""
-    cur = await execute(
-        conn, _sql.statement("cancel_flag", schema), {"run_id": run_id, "claim_token": claim_token}
-    )
-    row = await cur.fetchone()
-    return row is not None and bool(row[0])
+    rows = yield Query(_sql.statement("cancel_flag", schema), {"run_id": run_id, "claim_token": claim_token})
+    return bool(rows) and bool(rows[0][0])

@@ -6,12 +6,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .. import _sql
-from ._exec import execute
+from ._exec import Plan, Query
 
 if TYPE_CHECKING:
     import uuid
-
-    from psycopg import AsyncConnection
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,8 +21,7 @@ class MessageState:
     """Whether the claim is still this worker's."""
 
 
-async def write(
-    conn: AsyncConnection,
+def write(
     schema: str,
     *,
     message_id: uuid.UUID,
@@ -32,11 +29,10 @@ async def write(
     claim_token: uuid.UUID,
     role: str,
     content: str,
-) -> bool:
+) -> Plan[bool]:
     """Appends a message to the run's conversation, fenced by the claim; False if the
     fence matched nothing (or the id exists already: an earlier attempt landed)."""
-    cur = await execute(
-        conn,
+    rows = yield Query(
         _sql.statement("write_message", schema),
         {
             "message_id": message_id,
@@ -46,18 +42,15 @@ async def write(
             "content": content,
         },
     )
-    return await cur.fetchone() is not None
+    return bool(rows)
 
 
-async def landed(
-    conn: AsyncConnection, schema: str, *, message_id: uuid.UUID, run_id: uuid.UUID, claim_token: uuid.UUID
-) -> MessageState:
+def landed(
+    schema: str, *, message_id: uuid.UUID, run_id: uuid.UUID, claim_token: uuid.UUID
+) -> Plan[MessageState]:
     """Whether the message exists, and whether the claim still holds."""
-    cur = await execute(
-        conn,
+    (row,) = yield Query(  # two tests: always one row
         _sql.statement("message_landed", schema),
         {"message_id": message_id, "run_id": run_id, "claim_token": claim_token},
     )
-    row = await cur.fetchone()
-    assert row is not None
     return MessageState(bool(row[0]), bool(row[1]))

@@ -9,19 +9,19 @@ from psycopg.rows import args_row, class_row
 
 from .. import _sql
 from .._models import Message, RunInfo
-from ._exec import Plan, Query, execute
+from ._exec import Plan, Query
 
 if TYPE_CHECKING:
     import uuid
     from datetime import datetime
 
-    from psycopg import AsyncConnection
+    from .._status import RunStatus
 
 
 class StatusCount(NamedTuple):
     """Runs of one status (live, or finished in the last hour); the oldest queued one's age."""
 
-    status: str
+    status: RunStatus
     runs: int
     oldest_queued_seconds: float | None
 
@@ -46,40 +46,34 @@ def conversation_owner(schema: str, *, conversation_id: str) -> Plan[str | None]
     return None if not rows else str(rows[0][0])
 
 
-async def list_runs(
-    conn: AsyncConnection, schema: str, *, conversation_id: str | None, status: str | None, limit: int
-) -> list[RunInfo]:
+def list_runs(
+    schema: str, *, conversation_id: str | None, status: str | None, limit: int
+) -> Plan[list[RunInfo]]:
     """Runs, newest first, optionally of one conversation and/or one status."""
-    cur = conn.cursor(row_factory=class_row(RunInfo))
-    await execute(
-        conn,
+    rows = yield Query(
         _sql.statement("list_runs", schema),
         {"conversation_id": conversation_id, "status": status, "limit": limit},
-        cursor=cur,
+        class_row(RunInfo),
     )
-    return await cur.fetchall()
+    return rows
 
 
-async def transcript(
-    conn: AsyncConnection, schema: str, *, conversation_id: str, run_id: uuid.UUID | None = None
-) -> list[Message]:
+def transcript(schema: str, *, conversation_id: str, run_id: uuid.UUID | None = None) -> Plan[list[Message]]:
     """The conversation's messages in turn order, drafts excluded (up to ``run_id``'s turn if given)."""
-    cur = conn.cursor(row_factory=args_row(Message))
-    await execute(
-        conn,
+    rows = yield Query(
         _sql.statement("transcript", schema),
         {"conversation_id": conversation_id, "run_id": run_id},
-        cursor=cur,
+        args_row(Message),
     )
-    return await cur.fetchall()
+    return rows
 
 
-async def stats(conn: AsyncConnection, schema: str) -> list[StatusCount]:
+def stats(schema: str) -> Plan[list[StatusCount]]:
     """Run counts per status (live, or finished in the last hour) and the oldest queued age."""
-    cur = await execute(conn, _sql.statement("stats", schema))
+    rows = yield Query(_sql.statement("stats", schema))
     return [
         StatusCount(status, int(runs), None if oldest is None else float(oldest))
-        for status, runs, oldest in await cur.fetchall()
+        for status, runs, oldest in rows
     ]
 
 

@@ -1,4 +1,4 @@
-"""The reaper's statements (``reap_candidates``, ``reap`` in ``sql/runs.sql``)."""
+"""The reaper's statements (``reap_candidates``, ``reap`` in ``sql/endings.sql``)."""
 
 from __future__ import annotations
 
@@ -6,15 +6,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .. import _sql
-from ._exec import execute
+from ._exec import Plan, Query
 
 if TYPE_CHECKING:
     import uuid
     from datetime import datetime
 
-    from psycopg import AsyncConnection
-
     from .._names import Channels
+    from .._status import RunStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,36 +23,33 @@ class Reaped:
 
     run_id: uuid.UUID
     conversation_id: str
-    status: str
+    status: RunStatus
     worker_id: str | None
     reason: str
 
 
-async def candidates(
-    conn: AsyncConnection, schema: str, *, grace_seconds: float, limit: int, now: datetime | None = None
-) -> list[uuid.UUID]:
+def candidates(
+    schema: str, *, grace_seconds: float, limit: int, now: datetime | None = None
+) -> Plan[list[uuid.UUID]]:
     """Runs whose lease lapsed more than ``grace_seconds`` ago, oldest first."""
-    cur = await execute(
-        conn,
+    rows = yield Query(
         _sql.statement("reap_candidates", schema),
         {"now": now, "grace_seconds": grace_seconds, "limit": limit},
     )
-    return [row[0] for row in await cur.fetchall()]
+    return [row[0] for row in rows]
 
 
-async def reap(
-    conn: AsyncConnection,
+def reap(
     schema: str,
     ids: list[uuid.UUID],
     *,
     grace_seconds: float,
     channels: Channels,
     now: datetime | None = None,
-) -> list[Reaped]:
+) -> Plan[list[Reaped]]:
     """Ends those of ``ids`` still expired (re-checked inside the write), each with its
     terminal event; wakes their tails and the queue."""
-    cur = await execute(
-        conn,
+    rows = yield Query(
         _sql.statement("reap", schema),
         {
             "ids": ids,
@@ -63,4 +59,4 @@ async def reap(
             "wake_channel": channels.wake,
         },
     )
-    return [Reaped(row[0], row[1], row[2], row[3], row[4]) for row in await cur.fetchall()]
+    return [Reaped(row[0], row[1], row[2], row[3], row[4]) for row in rows]

@@ -5,12 +5,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NamedTuple
 
 from .. import _sql
-from ._exec import execute
+from ._exec import Plan, Query
 
 if TYPE_CHECKING:
     from datetime import datetime
-
-    from psycopg import AsyncConnection
 
 
 class Trimmed(NamedTuple):
@@ -20,15 +18,10 @@ class Trimmed(NamedTuple):
     events: int
 
 
-async def trim(
-    conn: AsyncConnection, schema: str, *, retention_seconds: float, limit: int, now: datetime | None
-) -> Trimmed:
+def trim(schema: str, *, retention_seconds: float, limit: int, now: datetime | None) -> Plan[Trimmed]:
     """Trims up to ``limit`` runs finished more than ``retention_seconds`` before ``now``."""
-    cur = await execute(
-        conn,
+    (row,) = yield Query(  # two counts, always one row
         _sql.statement("trim", schema),
         {"retention_seconds": retention_seconds, "limit": limit, "now": now},
     )
-    row = await cur.fetchone()
-    assert row is not None  # two counts, always one row
     return Trimmed(row[0], row[1])

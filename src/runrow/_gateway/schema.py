@@ -8,16 +8,13 @@ of them is planned at a cost JIT would compile.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import psycopg
 
 from .. import _sql
 from .._errors import SchemaOutOfDate
-from ._exec import Plan, Query, run
-
-if TYPE_CHECKING:
-    from psycopg import AsyncConnection
+from ._exec import Plan, Query
 
 
 class Migration(NamedTuple):
@@ -29,13 +26,14 @@ class Migration(NamedTuple):
 
 
 def migrations() -> tuple[Migration, ...]:
-    """Every migration this runrow ships, in order (numbered 1..n)."""
+    """Every migration this runrow ships, in order (numbered from 1, increasing; a number
+    may be skipped while a parallel change holds it)."""
     return tuple(Migration(*step) for step in _sql.migrations())
 
 
 def latest_version() -> int:
-    """The schema version this runrow needs: the number of its migrations."""
-    return len(migrations())
+    """The schema version this runrow needs: the number of its last migration."""
+    return migrations()[-1].version
 
 
 def version(schema: str) -> Plan[int | None]:
@@ -49,30 +47,32 @@ def version(schema: str) -> Plan[int | None]:
     return int(rows[0][0]) if rows else 0
 
 
-async def require(conn: AsyncConnection, schema: str) -> None:
+def require(schema: str) -> Plan[None]:
     """Raises :class:`SchemaOutOfDate` unless ``schema`` is at this runrow's version."""
     expected = latest_version()
-    found = await run(conn, version(schema))
+    found = yield from version(schema)
     if found != expected:
         raise SchemaOutOfDate(schema, found, expected)
 
 
-async def lock_for_migration(conn: AsyncConnection, schema: str, *, lock_key: str) -> set[int]:
+def lock_for_migration(schema: str, *, lock_key: str) -> Plan[set[int]]:
     """In the caller's transaction: takes the schema's migration lock (held until it ends),
     creates the schema and its version table if missing, and returns the versions applied."""
-    await conn.execute(_sql.statement("migrate_lock", schema), {"lock_key": lock_key})
-    await conn.execute(_sql.statement("create_schema", schema))
-    await conn.execute(_sql.statement("create_version_table", schema))
-    cur = await conn.execute(_sql.statement("applied_versions", schema))
-    return {row[0] for row in await cur.fetchall()}
+    yield Query(_sql.statement("migrate_lock", schema), {"lock_key": lock_key}, plain=True)
+    yield Query(_sql.statement("create_schema", schema), plain=True)
+    yield Query(_sql.statement("create_version_table", schema), plain=True)
+    rows = yield Query(_sql.statement("applied_versions", schema), plain=True)
+    return {row[0] for row in rows}
 
 
-async def apply_migration(conn: AsyncConnection, schema: str, *, step: Migration) -> None:
+def apply_migration(schema: str, *, step: Migration) -> Plan[None]:
     """In the caller's transaction: runs ``step``'s script on ``schema`` and records its version."""
-    await conn.execute(_sql.render(step.text, schema))
-    await conn.execute(_sql.statement("record_version", schema), {"version": step.version, "name": step.name})
+    yield Query(_sql.render(step.text, schema), plain=True)
+    yield Query(
+        _sql.statement("record_version", schema), {"version": step.version, "name": step.name}, plain=True
+    )
 
 
-async def drop(conn: AsyncConnection, schema: str) -> None:
+def drop(schema: str) -> Plan[None]:
     """Drops ``schema`` and everything in it (runrow.testing's throwaway schemas only)."""
-    await conn.execute(_sql.statement("drop_schema", schema))
+    yield Query(_sql.statement("drop_schema", schema), plain=True)

@@ -8,12 +8,11 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 from psycopg.rows import class_row
 
 from .. import _sql
-from ._exec import execute
+from ._exec import Plan, Query
 
 if TYPE_CHECKING:
     import uuid
-
-    from psycopg import AsyncConnection
+    from datetime import datetime
 
 StepStatus = Literal["started", "recorded", "failed", "waiting"]
 
@@ -40,15 +39,13 @@ class Recorded(NamedTuple):
     result: Any
 
 
-async def load(conn: AsyncConnection, schema: str, *, run_id: uuid.UUID) -> list[StepRecord]:
+def load(schema: str, *, run_id: uuid.UUID) -> Plan[list[StepRecord]]:
     """The steps of the run's lineage, in call order."""
-    cur = conn.cursor(row_factory=class_row(StepRecord))
-    await execute(conn, _sql.statement("step_load", schema), {"run_id": run_id}, cursor=cur)
-    return await cur.fetchall()
+    rows = yield Query(_sql.statement("step_load", schema), {"run_id": run_id}, class_row(StepRecord))
+    return rows
 
 
-async def start(
-    conn: AsyncConnection,
+def start(
     schema: str,
     *,
     run_id: uuid.UUID,
@@ -56,10 +53,9 @@ async def start(
     key: str,
     occurrence: int,
     position: int,
-) -> bool:
+) -> Plan[bool]:
     """Marks the step begun; False if the fence matched nothing (the claim is gone)."""
-    cur = await execute(
-        conn,
+    rows = yield Query(
         _sql.statement("step_start", schema),
         {
             "run_id": run_id,
@@ -69,11 +65,10 @@ async def start(
             "position": position,
         },
     )
-    return await cur.fetchone() is not None
+    return bool(rows)
 
 
-async def record(
-    conn: AsyncConnection,
+def record(
     schema: str,
     *,
     run_id: uuid.UUID,
@@ -84,11 +79,10 @@ async def record(
     idempotent: bool,
     result: str | None,
     error: str | None,
-) -> Recorded | None:
+) -> Plan[Recorded | None]:
     """Records the step's outcome (``result`` or ``error``, JSON text); None if the
     fence matched nothing."""
-    cur = await execute(
-        conn,
+    rows = yield Query(
         _sql.statement("step_record", schema),
         {
             "run_id": run_id,
@@ -102,12 +96,10 @@ async def record(
             "error": error,
         },
     )
-    row = await cur.fetchone()
-    return None if row is None else Recorded(row[0])
+    return Recorded(rows[0][0]) if rows else None
 
 
-async def wait(
-    conn: AsyncConnection,
+def wait(
     schema: str,
     *,
     run_id: uuid.UUID,
@@ -116,11 +108,10 @@ async def wait(
     occurrence: int,
     position: int,
     request: str,
-) -> bool:
+) -> Plan[bool]:
     """Marks an input step ``waiting`` with its request (JSON text); False if the fence
     matched nothing."""
-    cur = await execute(
-        conn,
+    rows = yield Query(
         _sql.statement("step_wait", schema),
         {
             "run_id": run_id,
@@ -131,4 +122,32 @@ async def wait(
             "request": request,
         },
     )
-    return await cur.fetchone() is not None
+    return bool(rows)
+
+
+class CheckRun(NamedTuple):
+    """A run ``runrow check`` replays: what its agent's context shows."""
+
+    id: uuid.UUID
+    conversation_id: str
+    user_id: str
+    tenant_id: str | None
+    status: str
+    request: Any
+    content: Any
+    user_message_id: uuid.UUID
+    created_at: datetime
+    started_at: datetime | None
+    attempt: int
+    lineage_id: uuid.UUID | None
+    resumes: int
+    version: str | None
+
+
+def check_runs(schema: str, *, failed_since: float | None) -> Plan[list[CheckRun]]:
+    """The runs ``runrow check`` replays: waiting ones, and those failed in the last
+    ``failed_since`` seconds (None: none), oldest first."""
+    rows = yield Query(
+        _sql.statement("check_runs", schema), {"failed_since": failed_since}, class_row(CheckRun)
+    )
+    return rows

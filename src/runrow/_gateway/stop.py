@@ -15,8 +15,8 @@ from ._exec import Plan, Query
 if TYPE_CHECKING:
     import uuid
 
-    from .._models import RunStatus
     from .._names import Channels
+    from .._status import RunStatus
 
 
 class LockedRun(NamedTuple):
@@ -41,9 +41,23 @@ def lock_run(schema: str, *, run_id: uuid.UUID) -> Plan[LockedRun | None]:
     return LockedRun(*rows[0]) if rows else None
 
 
-def cancel_queued(schema: str, *, ids: list[uuid.UUID], events_prefix: str) -> Plan[list[Draft]]:
+def lock_descendants(
+    schema: str, *, conversation_id: str | None = None, run_id: uuid.UUID | None = None
+) -> Plan[list[LockedRun]]:
+    """Locks every live descendant of the conversation's live turns, or of one run (FOR
+    UPDATE), in id order."""
+    rows = yield Query(
+        _sql.statement("lock_descendants", schema), {"conversation_id": conversation_id, "run_id": run_id}
+    )
+    return [LockedRun(*r) for r in rows]
+
+
+def cancel_queued(schema: str, *, ids: list[uuid.UUID], channels: Channels) -> Plan[list[Draft]]:
     """Cancels those of ``ids`` still queued, journals their ending; their messages, as drafts."""
-    rows = yield Query(_sql.statement("cancel_queued", schema), {"ids": ids, "events_prefix": events_prefix})
+    rows = yield Query(
+        _sql.statement("cancel_queued", schema),
+        {"ids": ids, "events_prefix": channels.events_prefix, "wake_channel": channels.wake},
+    )
     return [Draft(r[0], r[1], r[2]) for r in rows]
 
 

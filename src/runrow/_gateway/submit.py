@@ -14,7 +14,8 @@ if TYPE_CHECKING:
     import uuid
     from datetime import datetime
 
-    from .._models import RunStatus
+    from .._enqueue_options import EnqueueOptions
+    from .._status import RunStatus
 
 
 class RunRef(NamedTuple):
@@ -65,44 +66,28 @@ def admission_lock(schema: str, *, tenant_lock: str | None, conversation_lock: s
     )
 
 
-def enqueue(
-    schema: str,
-    *,
-    conversation_id: str,
-    user_id: str,
-    tenant_id: str | None,
-    idempotency_key: str | None,
-    content: str,
-    request: str | None,
-    priority: int,
-    not_before_at: datetime | None,
-    not_before_in: float | None,
-    deadline_at: datetime | None,
-    deadline_in: float | None,
-    max_queued_tenant: int | None,
-    max_queued_conversation: int | None,
-    reject_if_busy: bool,
-    wake_channel: str,
-    conversation_lock: str,
-) -> Plan[Admission]:
+def enqueue(options: EnqueueOptions, *, wake_channel: str, conversation_lock: str) -> Plan[Admission]:
     """Writes the message, the run, journal events 1-2 and the wake in one statement, if admitted."""
     (row,) = yield Query(
-        _sql.statement("enqueue", schema),
+        _sql.statement("enqueue", options.schema),
         {
-            "conversation_id": conversation_id,
-            "user_id": user_id,
-            "tenant_id": tenant_id,
-            "idempotency_key": idempotency_key,
-            "content": content,
-            "request": request,
-            "priority": priority,
-            "not_before_at": not_before_at,
-            "not_before_in": not_before_in,
-            "deadline_at": deadline_at,
-            "deadline_in": deadline_in,
-            "max_queued_tenant": max_queued_tenant,
-            "max_queued_conversation": max_queued_conversation,
-            "reject_if_busy": reject_if_busy,
+            "conversation_id": options.conversation_id,
+            "user_id": options.user_id,
+            "tenant_id": options.tenant_id,
+            "idempotency_key": options.idempotency_key,
+            "content": options.content,
+            "request": options.request,
+            "priority": options.priority,
+            "not_before_at": options.not_before_at,
+            "not_before_in": options.not_before_in,
+            "deadline_at": options.deadline_at,
+            "deadline_in": options.deadline_in,
+            "agent_key": options.agent_key,
+            "parent_run_id": options.parent_run_id,
+            "root_run_id": options.root_run_id,
+            "max_queued_tenant": options.max_queued_tenant,
+            "max_queued_conversation": options.max_queued_conversation,
+            "reject_if_busy": options.on_busy == "reject",
             "wake_channel": wake_channel,
             "conversation_lock": conversation_lock,
         },

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     import uuid
     from collections.abc import Sequence
 
-    from .._models import RunStatus
+    from .._status import RunStatus
 
 
 class RunEnd(NamedTuple):

@@ -8,15 +8,13 @@ from psycopg.rows import args_row
 
 from .. import _sql
 from .._models import TenantPolicy
-from ._exec import Plan, Query, execute
+from ._exec import Plan, Query
 
 if TYPE_CHECKING:
     import uuid
     from datetime import datetime
 
-    from psycopg import AsyncConnection
-
-    from .._models import RunStatus
+    from .._status import RunStatus
 
 
 class QueueSpot(NamedTuple):
@@ -30,27 +28,23 @@ class QueueSpot(NamedTuple):
     exact: bool
 
 
-async def set_tenant_policy(
-    conn: AsyncConnection, schema: str, *, tenant_id: str | None, weight: int, max_running: int | None
-) -> TenantPolicy:
+def set_tenant_policy(
+    schema: str, *, tenant_id: str | None, weight: int, max_running: int | None
+) -> Plan[TenantPolicy]:
     """Upserts the tenant's policy and returns it as stored."""
-    cur = conn.cursor(row_factory=args_row(TenantPolicy))
-    await execute(
-        conn,
+    rows = yield Query(
         _sql.statement("set_tenant_policy", schema),
         {"tenant_id": tenant_id, "weight": weight, "max_running": max_running},
-        cursor=cur,
+        args_row(TenantPolicy),
     )
-    policy = await cur.fetchone()
-    assert policy is not None  # an upsert always returns its row
+    policy: TenantPolicy = rows[0]  # (an upsert always returns its row)
     return policy
 
 
-async def list_tenant_policies(conn: AsyncConnection, schema: str) -> list[TenantPolicy]:
+def list_tenant_policies(schema: str) -> Plan[list[TenantPolicy]]:
     """Every tenant policy set, by tenant key."""
-    cur = conn.cursor(row_factory=args_row(TenantPolicy))
-    await execute(conn, _sql.statement("list_tenant_policies", schema), cursor=cur)
-    return await cur.fetchall()
+    rows = yield Query(_sql.statement("list_tenant_policies", schema), row_factory=args_row(TenantPolicy))
+    return rows
 
 
 def queue_position(

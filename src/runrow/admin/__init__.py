@@ -14,10 +14,12 @@ Pages:
   the journal tailing live over SSE (``/runs/{id}/events``, runrow's stream format),
   the error, uncertain tool calls, retry lineage, steps and waiting input.
 * ``/conversation?id=``: turns in order and the transcript.
+* ``/schedules``: every schedule, its next tick and what its fires did; pause and resume.
 * ``/health``: queued and running per tenant, oldest wait, caps and weights, workers,
   throughput and reaped runs as an SVG chart.
-* Actions (confirmed, CSRF-protected, absent when read-only): cancel and retry a run,
-  stop a conversation.
+* Actions (CSRF-protected, absent when read-only): cancel and retry a run, stop a
+  conversation (each confirmed first), and answer a waiting run's input from its page
+  (``/runs/{id}/input``: Approve and Deny send ``{"approved": true | false}``, or a value).
 
 Access: ``authorize(request)`` (sync or async) returns an :class:`AdminAccess`, or
 None (401). ``AdminAccess(tenant_id=...)`` confines everything to one tenant.
@@ -35,10 +37,13 @@ from starlette.staticfiles import StaticFiles
 
 from .._names import check_schema
 from ._actions import Actions
+from ._answer import Answers
 from ._app import EXCEPTION_HANDLERS, AdminAccess, AdminState
 from ._health import HealthPage
 from ._list import ListPage
 from ._run import RunPage
+from ._schedules import SchedulesPage
+from ._workers import WorkersPage
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -88,13 +93,17 @@ def create_admin(
         page_size=page_size,
         keepalive=keepalive,
     )
-    runs, actions = RunPage(state), Actions(state)
+    runs, actions, schedules = RunPage(state), Actions(state), SchedulesPage(state)
     app = Starlette(
         routes=[
             Route("/", ListPage(state).get, methods=["GET"]),
             Route("/health", HealthPage(state).get, methods=["GET"]),
+            Route("/workers", WorkersPage(state).get, methods=["GET"]),
+            Route("/schedules", schedules.get, methods=["GET"]),
+            Route("/schedules/{action}", schedules.act, methods=["GET", "POST"]),
             Route("/runs/{run_id}", runs.page, methods=["GET"]),
             Route("/runs/{run_id}/events", runs.events, methods=["GET"]),
+            Route("/runs/{run_id}/input", Answers(state).answer, methods=["GET", "POST"]),
             Route("/runs/{run_id}/{action}", actions.run_action, methods=["GET", "POST"]),
             Route("/conversation", actions.conversation, methods=["GET"]),
             Route("/conversation/stop", actions.stop, methods=["GET", "POST"]),

@@ -16,6 +16,8 @@ from starlette.responses import RedirectResponse, Response
 import runrow
 
 from .._gateway import admin as gw
+from .._gateway._exec import run
+from .._models import holder
 from ._app import AdminAccess, AdminState, Refused, query_id
 from ._html import Html, conversation_url, e, join, link, status, table, ts
 from ._run import visible_run
@@ -48,8 +50,8 @@ class Actions:
     async def _conversation(self, cid: str, access: AdminAccess) -> tuple[list[gw.Attempt], bool]:
         """The conversation's turns the caller may see, and whether it sees all of them; 404 if none."""
         async with self.state.pool.connection() as conn:
-            turns = await gw.conversation_runs(
-                conn, self.state.schema, conversation_id=cid, limit=MAX_TURNS + 1
+            turns = await run(
+                conn, gw.conversation_runs(self.state.schema, conversation_id=cid, limit=MAX_TURNS + 1)
             )
         # Past MAX_TURNS the rest is unseen: it could hold another tenant's turns.
         complete = len(turns) <= MAX_TURNS
@@ -132,7 +134,7 @@ class Actions:
                 status(t.status),
                 t.attempt,
                 t.user_id,
-                t.worker_id or "-",
+                holder(t.status, t.worker_id) or "-",
                 ts(t.created_at),
                 ts(t.finished_at),
             )

@@ -36,17 +36,21 @@ if TYPE_CHECKING:
 
     import runrow
 
-__all__ = ["CSRF_COOKIE", "AdminAccess", "AdminState", "Refused", "query_id"]
+__all__ = ["CSRF_COOKIE", "MAX_FORM_BYTES", "AdminAccess", "AdminState", "Refused", "form_fields", "query_id"]
 
 CSRF_COOKIE = "runrow_admin_csrf"
 CSRF_FIELD = "csrf"
+# The admin's action forms carry one short field: more than this is not one of them.
+# (The input form carries a value a person typed: it reads more, see _answer.py.)
+MAX_FORM_BYTES = 4096
 
 
 @dataclass(frozen=True, slots=True)
 class AdminAccess:
-    """What ``authorize(request)`` grants: ``can_act`` allows cancel, retry and stop (unless
-    the admin is read-only); ``tenant_id`` confines every page to that tenant's runs (None:
-    all tenants). Another tenant's run answers 404 and is absent from lists and counts."""
+    """What ``authorize(request)`` grants: ``can_act`` allows cancel, retry, stop and answering
+    a waiting input (unless the admin is read-only); ``tenant_id`` confines every page to
+    that tenant's runs (None: all tenants). Another tenant's run answers 404 and is absent
+    from lists and counts."""
 
     can_act: bool = False
     tenant_id: str | None = None
@@ -121,15 +125,16 @@ class AdminState:
         """Whether actions are shown to (and accepted from) this caller."""
         return access.can_act and not self.read_only
 
-    async def actor(self, request: Request) -> AdminAccess:
+    async def actor(self, request: Request, *, max_form_bytes: int = MAX_FORM_BYTES) -> AdminAccess:
         """The caller's access for an action: 403 in read-only mode or without ``can_act``,
-        and 403 without a valid CSRF token (checked for POSTs)."""
+        and 403 without a valid CSRF token (checked for POSTs, whose form may be at most
+        ``max_form_bytes``: 413 past it)."""
         access = await self.access(request)
         if not self.may_act(access):
             raise Refused(403, "Actions are not available here (read-only).")
         if request.method not in ("GET", "HEAD"):  # GET and HEAD only ever confirm
             _same_origin(request)
-            sent = await _form_field(request, CSRF_FIELD)
+            sent = (await form_fields(request, max_form_bytes)).get(CSRF_FIELD)
             cookie = request.cookies.get(CSRF_COOKIE)
             if not isinstance(sent, str) or cookie is None or not hmac.compare_digest(sent, cookie):
                 raise Refused(
@@ -237,20 +242,27 @@ EXCEPTION_HANDLERS: dict[Any, Callable[[Request, Exception], Coroutine[Any, Any,
 }
 
 
-# The admin's forms carry one short field: more than this is not one of its forms.
-_MAX_FORM_BYTES = 4096
-
-
-async def _form_field(request: Request, name: str) -> str | None:
-    """One field of a URL-encoded form body, parsed here: Starlette's ``request.form()``
-    needs python-multipart even for these, a dependency the admin has no other use for."""
+async def form_fields(request: Request, max_bytes: int = MAX_FORM_BYTES) -> dict[str, str]:
+    """A URL-encoded form body's fields (the first value of each), parsed here and read
+    once per request: Starlette's ``request.form()`` needs python-multipart even for
+    these, a dependency the admin has no other use for. Another content type has no
+    fields; a body past ``max_bytes`` is refused (413), one that is not UTF-8 too (400)."""
+    cached = request.scope.get("runrow_admin_form")
+    if cached is not None:
+        return dict(cached)
+    fields: dict[str, str] = {}
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if kind != "application/x-www-form-urlencoded":
-        return None
-    body = b""
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > _MAX_FORM_BYTES:
-            return None
-    values = parse_qs(body.decode("latin-1"), max_num_fields=16).get(name)
-    return values[0] if values else None
+    if kind == "application/x-www-form-urlencoded":
+        body = b""
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > max_bytes:
+                raise Refused(413, f"The form is too large: this admin reads at most {max_bytes} bytes.")
+        try:
+            text = body.decode()
+            parsed = parse_qs(text, max_num_fields=16, encoding="utf-8", errors="strict")
+        except (UnicodeDecodeError, ValueError):
+            raise Refused(400, "The form is not URL-encoded UTF-8 text.") from None
+        fields = {name: values[0] for name, values in parsed.items()}
+    request.scope["runrow_admin_form"] = fields
+    return dict(fields)

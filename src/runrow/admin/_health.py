@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 from .._gateway import admin as gw
+from .._gateway._exec import run
 from ._html import Html, e, join, table, ts
 
 if TYPE_CHECKING:
@@ -121,13 +122,19 @@ class HealthPage:
         access = await self.state.access(request)
         tenant = access.tenant_id
         async with self.state.pool.connection() as conn:
-            tenants = await gw.tenant_health(conn, self.state.schema, tenant_id=tenant)
-            workers = await gw.workers(conn, self.state.schema, tenant_id=tenant)
-            series = await gw.finished_series(
-                conn, self.state.schema, tenant_id=tenant, window_seconds=WINDOW, bucket_seconds=BUCKET
+            tenants = await run(conn, gw.tenant_health(self.state.schema, tenant_id=tenant))
+            workers = await run(conn, gw.workers(self.state.schema, tenant_id=tenant))
+            series = await run(
+                conn,
+                gw.finished_series(
+                    self.state.schema, tenant_id=tenant, window_seconds=WINDOW, bucket_seconds=BUCKET
+                ),
             )
-            depths = await gw.depth_series(
-                conn, self.state.schema, tenant_id=tenant, window_seconds=WINDOW, bucket_seconds=BUCKET
+            depths = await run(
+                conn,
+                gw.depth_series(
+                    self.state.schema, tenant_id=tenant, window_seconds=WINDOW, bucket_seconds=BUCKET
+                ),
             )
         now = datetime.now(UTC)
         queued = sum(t.queued for t in tenants)

@@ -98,6 +98,8 @@ def layout(base: str, title: str, body: Html, *, tenant: str | None, read_only: 
 <ul>
 <li>{link(f"{base}/", "Runs")}</li>
 <li>{link(f"{base}/health", "Queue health")}</li>
+<li>{link(f"{base}/workers", "Workers")}</li>
+<li>{link(f"{base}/schedules", "Schedules")}</li>
 </ul>
 <span class="scope">{e(scope)} · {e(mode)}</span>
 </nav>

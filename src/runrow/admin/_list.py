@@ -7,7 +7,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, get_args
 
 from .._gateway import admin as gw
-from .._models import RunStatus
+from .._gateway._exec import run
+from .._status import RunStatus
 from ._app import AdminState, Refused, query_id
 from ._html import Html, conversation_url, e, link, query, status, table, ts
 
@@ -74,8 +75,8 @@ class ListPage:
         before = parse_cursor(request.query_params.get("before"))
         size = self.state.page_size
         async with self.state.pool.connection() as conn:
-            runs = await gw.list_runs(conn, self.state.schema, f, before=before, limit=size + 1)
-            counts = await gw.status_counts(conn, self.state.schema, tenant_id=access.tenant_id)
+            runs = await run(conn, gw.list_runs(self.state.schema, f, before=before, limit=size + 1))
+            counts = await run(conn, gw.status_counts(self.state.schema, tenant_id=access.tenant_id))
         more, runs = len(runs) > size, runs[:size]
         base = self.state.base(request)
         params = {k: request.query_params.get(k, "") for k in ("status", "tenant", "conversation", "user")}

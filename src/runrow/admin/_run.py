@@ -8,11 +8,15 @@ from typing import TYPE_CHECKING, Any
 import runrow
 
 from .._gateway import admin as gw
+from .._gateway._exec import run
+from .._status import CANCELLED, FAILED, LIVE, RUNNING, WAITING
 from ..http import _streams
 from ._app import AdminAccess, AdminState, Refused
 from ._html import Html, conversation_url, e, join, link, pre_json, status, table, ts
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from starlette.requests import Request
     from starlette.responses import Response
 
@@ -23,8 +27,8 @@ REAPED = {
     "deadline_exceeded": "the reaper ended it: the turn's deadline passed",
     "input_expired": "the reaper ended it: nobody answered its input in time",
 }
-ACTIVE = ("queued", "running", "waiting")
-RETRYABLE = ("failed", "cancelled")
+ACTIVE = LIVE
+RETRYABLE = (FAILED, CANCELLED)
 
 
 async def visible_run(state: AdminState, request: Request, access: AdminAccess) -> runrow.RunInfo:
@@ -65,9 +69,9 @@ class RunPage:
         info = await visible_run(self.state, request, access)
         root = info.lineage_id or info.id
         async with self.state.pool.connection() as conn:
-            attempts = await gw.lineage(conn, self.state.schema, root=root)
-            terminal = await gw.terminal_event(conn, self.state.schema, run_id=info.id)
-            steps = await gw.steps(conn, self.state.schema, lineage_id=root, limit=500)
+            attempts = await run(conn, gw.lineage(self.state.schema, root=root))
+            terminal = await run(conn, gw.terminal_event(self.state.schema, run_id=info.id))
+            steps = await run(conn, gw.steps(self.state.schema, lineage_id=root, limit=500))
         waiting = await runrow.waiting_inputs(self.state.pool, run_id=info.id, schema=self.state.schema)
         base = self.state.base(request)
         parts = [self._summary(base, info), self._actions(base, info, access)]
@@ -81,8 +85,15 @@ class RunPage:
             )
         )
         if info.error is not None:
+            error = dict(info.error)
+            traceback = error.pop("traceback", None)
             parts.append(Html('<section aria-labelledby="error-h"><h2 id="error-h">Error</h2>'))
-            parts.append(pre_json(info.error))
+            parts.append(pre_json(error))
+            if isinstance(traceback, str):  # as Python prints it, escaped like any text
+                parts.append(Html('<h2 id="traceback-h">Traceback</h2>'))
+                parts.append(
+                    Html(f'<pre class="traceback" aria-labelledby="traceback-h">{e(traceback)}</pre>')
+                )
             parts.append(Html("</section>"))
         uncertain = (terminal or {}).get("uncertain_tool_calls") or []
         if terminal is not None and "uncertain_tool_calls" in terminal:
@@ -104,7 +115,9 @@ class RunPage:
             )
             for a in visible
         ]
-        parts.append(Html('<section aria-labelledby="lineage-h"><h2 id="lineage-h">Retry lineage</h2>'))
+        parts.append(
+            Html('<section id="lineage" aria-labelledby="lineage-h"><h2 id="lineage-h">Retry lineage</h2>')
+        )
         parts.append(
             table(
                 "Attempts of this turn",
@@ -135,19 +148,64 @@ class RunPage:
                 empty="No durable steps.",
             )
         )
-        wait_rows = [(w.key, Html(pre_json(w.request)), ts(w.since), ts(w.expires_at)) for w in waiting]
-        parts.append(
-            Html('</section><section aria-labelledby="waiting-h"><h2 id="waiting-h">Waiting for input</h2>')
-        )
-        parts.append(
-            table("Inputs asked for", ("Key", "Request", "Since", "Expires"), wait_rows, empty="Not waiting.")
-        )
         parts.append(Html("</section>"))
+        parts.append(self.waiting_section(request, access, info, waiting))
         if info.request is not None:
             parts.append(Html('<section aria-labelledby="request-h"><h2 id="request-h">Request</h2>'))
             parts.append(pre_json(info.request))
             parts.append(Html("</section>"))
         return self.state.page(request, access, f"Run {info.id}", join(parts))
+
+    def waiting_section(
+        self,
+        request: Request,
+        access: AdminAccess,
+        info: runrow.RunInfo,
+        waiting: list[runrow.PendingInput],
+        *,
+        error: str | None = None,
+        kept: Mapping[str, str] | None = None,
+    ) -> Html:
+        """What the run waits for, each with its form to answer it (when the caller may
+        act); ``error`` and the fields ``kept`` go back next to the form they came from."""
+        base = self.state.base(request)
+        cards = []
+        for n, w in enumerate(waiting):
+            again = kept is not None and kept.get("key") == w.key
+            card = [
+                f'<div class="input-wait"><h3>Input <code>{e(w.key)}</code></h3>',
+                f"<p>Asked {ts(w.since)}; "
+                + (f"expires {ts(w.expires_at)}" if w.expires_at else "no deadline")
+                + "</p>",
+                f"<p>Request:</p>{pre_json(w.request)}",
+            ]
+            if again and error is not None:
+                card.append(f'<p role="alert" class="error">{e(error)}</p>')
+            if info.status == "waiting" and self.state.may_act(access):
+                value = (kept or {}).get("value", "") if again else ""
+                as_text = again and (kept or {}).get("as") == "text"
+                card.append(
+                    f'<form method="post" action="{e(f"{base}/runs/{info.id}/input")}" class="answer">'
+                    f"{self.state.csrf_field(request)}"
+                    f'<input type="hidden" name="key" value="{e(w.key)}">'
+                    '<p><button type="submit" name="decision" value="approve">Approve</button> '
+                    '<button type="submit" name="decision" value="deny" class="danger">Deny</button></p>'
+                    f'<p class="field"><label for="value-{n}">Or answer with a value</label>'
+                    f'<textarea id="value-{n}" name="value" rows="3" cols="60">{e(value)}</textarea></p>'
+                    f'<p class="field"><label for="as-{n}">Read the value as</label>'
+                    f'<select id="as-{n}" name="as"><option value="json">JSON</option>'
+                    f'<option value="text"{" selected" if as_text else ""}>text (sent as a string)</option>'
+                    "</select></p>"
+                    '<p><button type="submit" name="decision" value="value">Send the value</button></p>'
+                    "</form>"
+                )
+            card.append("</div>")
+            cards.append("".join(card))
+        body = "".join(cards) or '<p class="empty">Not waiting.</p>'
+        return Html(
+            '<section id="waiting" aria-labelledby="waiting-h"><h2 id="waiting-h">Waiting for input</h2>'
+            f"{body}</section>"
+        )
 
     @staticmethod
     def _summary(base: str, info: runrow.RunInfo) -> Html:
@@ -157,6 +215,7 @@ class RunPage:
             ("User", info.user_id),
             ("Tenant", info.tenant_id or "-"),
             ("Attempt", info.attempt),
+            ("Version", info.version or "-"),
             ("Priority", info.priority),
             ("Cancel requested", "yes" if info.cancel_requested else "no"),
         ]
@@ -179,7 +238,7 @@ class RunPage:
                 class_="button danger",
             )
         )
-        return Html('<nav aria-label="Actions" class="actions">' + " ".join(links) + "</nav>")
+        return Html('<nav id="actions" aria-label="Actions" class="actions">' + " ".join(links) + "</nav>")
 
     @staticmethod
     def _timeline(info: runrow.RunInfo, terminal: dict[str, Any] | None) -> Html:
@@ -188,10 +247,12 @@ class RunPage:
             steps.append(("Claimed", ts(info.started_at), f"by worker {info.worker_id or '?'}"))
         if info.last_heartbeat_at is not None:
             steps.append(("Last heartbeat", ts(info.last_heartbeat_at), ""))
-        if info.status == "running" and info.claim_expires_at is not None:
+        if info.status == RUNNING and info.claim_expires_at is not None:
             steps.append(("Lease expires", ts(info.claim_expires_at), "unless the worker heartbeats"))
-        if info.status == "waiting":
-            steps.append(("Waiting for input", ts(info.input_deadline_at), "until"))
+        if info.status == WAITING and info.input_deadline_at is not None:
+            steps.append(("Waiting for input until", ts(info.input_deadline_at), ""))
+        elif info.status == WAITING:  # (no input timeout and no turn deadline)
+            steps.append(("Waiting for input", Html(""), "no deadline: it waits to be answered or stopped"))
         if info.finished_at is not None:
             # The reaper's terminal event, and only it, lists uncertain tool calls: a
             # worker ending its own run at the deadline has the same error type.
@@ -203,5 +264,5 @@ class RunPage:
             for what, when, note in steps
         )
         return Html(
-            f'<section aria-labelledby="timeline-h"><h2 id="timeline-h">Timeline</h2><ol class="timeline">{items}</ol></section>'
+            f'<section id="timeline" aria-labelledby="timeline-h"><h2 id="timeline-h">Timeline</h2><ol class="timeline">{items}</ol></section>'
         )

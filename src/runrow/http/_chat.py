@@ -19,6 +19,7 @@ from starlette.responses import Response
 import runrow
 
 from .. import _json
+from .._status import QUEUED, RUNNING, WAITING
 from ..protocols import Cursor
 from . import _streams
 from ._base import Endpoints, checked_conversation_id
@@ -110,14 +111,14 @@ class ChatEndpoints:
         """The run streaming for ``cid``: the running or waiting one (at most one: the
         schema lets a conversation have one turn at a time), else the next queued."""
         api = self.api
-        for status in ("running", "waiting"):
+        for status in (RUNNING, WAITING):
             runs = await runrow.list_runs(
                 api.pool, conversation_id=cid, status=status, limit=1, schema=api.schema
             )
             if runs:
                 return runs[0]
         queued = await runrow.list_runs(
-            api.pool, conversation_id=cid, status="queued", limit=MAX_QUEUED_SCAN, schema=api.schema
+            api.pool, conversation_id=cid, status=QUEUED, limit=MAX_QUEUED_SCAN, schema=api.schema
         )
         return queued[-1] if queued else None  # newest first: the last is the next to run
 

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from starlette.routing import BaseRoute, Route
 
+from .._status import STATUSES
 from ._origin import SAFE_METHODS
 
 __all__ = ["Doc", "documented", "error", "json_response", "openapi_document"]
@@ -179,17 +180,29 @@ SCHEMAS: dict[str, Any] = {
         "properties": {
             "id": {"type": "string", "format": "uuid"},
             "conversation_id": {"type": "string"},
-            "status": {
-                "enum": ["queued", "running", "waiting", "completed", "failed", "cancelled", "expired"]
-            },
+            "status": {"enum": list(STATUSES)},
             "cancel_requested": {"type": "boolean"},
-            "error": {"type": ["object", "null"]},
+            "error": {
+                "type": ["object", "null"],
+                "description": "A failed run's error. traceback: the agent's, if it raised and the "
+                "worker records tracebacks (at most 8 KiB, innermost frames kept).",
+                "properties": {
+                    "type": {"type": "string"},
+                    "message": {"type": "string"},
+                    "traceback": {"type": "string"},
+                },
+            },
             "retry_of": {"type": ["string", "null"], "format": "uuid"},
             "user_message_id": {"type": "string", "format": "uuid"},
             "created_at": {"type": "string", "format": "date-time"},
             "started_at": {"type": ["string", "null"], "format": "date-time"},
             "finished_at": {"type": ["string", "null"], "format": "date-time"},
             "worker_id": {"type": ["string", "null"]},
+            "version": {
+                "type": ["string", "null"],
+                "description": "The code version the run started with (its first worker's; a retry "
+                "keeps its turn's); null if unversioned or not yet claimed.",
+            },
             "events_url": {"type": "string"},
         },
     },

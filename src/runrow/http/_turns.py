@@ -15,6 +15,8 @@ from starlette.responses import JSONResponse
 
 import runrow
 
+from .._status import COMPLETED
+
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
 
@@ -52,7 +54,7 @@ def jsonable(value: Any) -> Any:
 
 _RUN_FIELDS = (
     *("id", "conversation_id", "status", "cancel_requested", "error", "retry_of", "user_message_id"),
-    *("created_at", "started_at", "finished_at", "worker_id"),
+    *("created_at", "started_at", "finished_at", "worker_id", "version"),
 )
 
 
@@ -107,7 +109,7 @@ def estimate_wait(durations: Sequence[float], position: int | None, slots: int) 
 
 async def recent_durations(pool: AsyncConnectionPool[Any], *, schema: str) -> list[float]:
     """How long the last :data:`SAMPLES` completed runs took, in seconds."""
-    runs = await runrow.list_runs(pool, status="completed", limit=SAMPLES, schema=schema)
+    runs = await runrow.list_runs(pool, status=COMPLETED, limit=SAMPLES, schema=schema)
     return [
         (r.finished_at - r.started_at).total_seconds()
         for r in runs

@@ -11,6 +11,83 @@
   const state = { events: 0, lastSeq: 0, done: false };
   window.__runrowAdmin = state;
   let lastDelta = null;
+  // Events written when a run is queued (by the enqueue, or a retry's): the rest come
+  // from a worker that holds the run.
+  const QUEUE_EVENTS = new Set(["user_message_created", "run_queued"]);
+
+  // The summary's status badge follows the journal: its ending, its park for input, an
+  // answer queueing it again and the worker's next event (the page was rendered before
+  // any of them; the row says the same once they commit, in the same statement).
+  const badge = document.querySelector(".summary .status");
+  // The status the page's actions and input forms were drawn for.
+  let drawnFor = badge ? badge.textContent : "";
+  function setStatus(status) {
+    if (!badge || !status) return;
+    badge.textContent = status;
+    badge.className = "status status-" + status;
+    if (status !== drawnFor) scheduleRedraw();
+  }
+
+  // The parts that depend on the status (Cancel or Retry, the timeline, the lineage's
+  // row, the input forms) are drawn again from the run's page as the server renders it
+  // now, so they follow the badge.
+  let redrawTimer = null;
+  function scheduleRedraw() {
+    if (redrawTimer !== null) clearTimeout(redrawTimer);
+    redrawTimer = setTimeout(function () {
+      redrawTimer = null;
+      if (badge.textContent !== drawnFor) redraw(); // (a replay may pass through and come back)
+    }, 200);
+  }
+  function swapParts(html) {
+    const fresh = new DOMParser().parseFromString(html, "text/html");
+    for (const id of ["actions", "timeline", "lineage", "waiting"]) {
+      const now = document.getElementById(id), then = fresh.getElementById(id);
+      if (now && then) now.replaceWith(document.importNode(then, true));
+    }
+    const freshBadge = fresh.querySelector(".summary .status");
+    if (freshBadge) drawnFor = freshBadge.textContent;
+  }
+  async function redraw() {
+    try {
+      const resp = await fetch(location.href, { credentials: "same-origin" });
+      if (resp.ok) swapParts(await resp.text());
+    } catch (e) { /* the next status change draws them again */ }
+  }
+
+  // An answer to a waiting input is sent without leaving the page: the journal goes on
+  // (input_provided, then the resumed run). Without this script the form posts as is.
+  document.addEventListener("submit", async function (ev) {
+    const form = ev.target;
+    if (!(form instanceof HTMLFormElement) || !form.classList.contains("answer")) return;
+    ev.preventDefault();
+    const body = new URLSearchParams(new FormData(form, ev.submitter));
+    for (const b of form.querySelectorAll("button")) b.disabled = true;
+    let resp;
+    try {
+      resp = await fetch(form.action, { method: "POST", body: body, credentials: "same-origin" });
+    } catch (e) {
+      for (const b of form.querySelectorAll("button")) b.disabled = false;
+      live.textContent = "the answer was not sent: " + e.message;
+      return;
+    }
+    // Recorded: the redirect's page, with the forms gone. Refused: the page that says why
+    // (next to the form, what was typed kept), or an error page (a stale token: 403).
+    const html = await resp.text();
+    if (resp.ok || /id="waiting"/.test(html)) {
+      swapParts(html);
+    } else {
+      for (const b of form.querySelectorAll("button")) b.disabled = false;
+      const why = new DOMParser().parseFromString(html, "text/html").querySelector("[role=alert]");
+      const note = document.createElement("p");
+      note.setAttribute("role", "alert");
+      note.className = "error";
+      note.textContent = why ? why.textContent : "HTTP " + resp.status;
+      form.prepend(note);
+    }
+    const alert = document.querySelector("#waiting [role=alert]");
+    if (alert) { alert.tabIndex = -1; alert.focus(); }
+  });
 
   function summary(ev) {
     if (ev.type === "content_delta") return ev.delta || "";
@@ -49,7 +126,15 @@
     if (ev.type === "complete") {
       state.done = true;
       live.textContent = "ended: " + (ev.status || "");
+      setStatus(ev.status);
+    } else if (ev.type === "input_requested") {
+      setStatus("waiting");
+      live.textContent = "live";
+    } else if (ev.type === "input_provided") {
+      setStatus("queued"); // answered: queued again until a worker claims it
+      live.textContent = "live";
     } else {
+      if (badge && badge.textContent === "queued" && !QUEUE_EVENTS.has(ev.type)) setStatus("running");
       live.textContent = "live";
     }
   }

@@ -9,6 +9,7 @@ code path (:func:`runrow.cli.run_command`), not a copy of it.
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 from typing import Any
 
@@ -18,6 +19,7 @@ from ...cli import build_parser, run_command
 from . import conninfo, schema
 
 _DJANGO_OWNS = frozenset({"help", "database_url", "verbose"})
+_RENAMED = {"--version": "--worker-version"}  # options whose names Django's commands take
 
 
 def _cli_subparser(command: str) -> argparse.ArgumentParser:
@@ -38,6 +40,10 @@ class RunrowCommand(BaseCommand):
         self._copied = []
         for action in _cli_subparser(self.cli_command)._actions:
             if action.dest not in _DJANGO_OWNS:
+                if "--version" in action.option_strings:
+                    # Django's own --version prints Django's: runrow's is --worker-version here.
+                    action = copy.copy(action)
+                    action.option_strings = [_RENAMED.get(o, o) for o in action.option_strings]
                 parser._add_action(action)
                 self._copied.append(action.dest)
         parser.add_argument(

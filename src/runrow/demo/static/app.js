@@ -114,6 +114,15 @@ function turnEl(runId) {
   return el;
 }
 
+// A queued turn a stop cancelled: its message went back to the composer and it never
+// ran, so its card is one line saying so (no answer box left empty below it).
+function markReturned(el) {
+  const u = el.querySelector(".user");
+  u.textContent = "(message returned to the composer)";
+  u.classList.add("draft");
+  el.classList.add("returned");
+}
+
 function setStatus(runId, status) {
   const badge = turnEl(runId).querySelector(".status");
   if (TERMINAL.has(badge.textContent) && !TERMINAL.has(status)) return;  // terminal is sticky
@@ -292,8 +301,7 @@ async function load() {
     const el = turnEl(run.id);
     const userEl = el.querySelector(".user");
     if (turn.user_message === null) {
-      userEl.textContent = "(message returned to the composer)";
-      userEl.classList.add("draft");
+      markReturned(el);
     } else {
       userEl.textContent = typeof turn.user_message === "string" ? turn.user_message : JSON.stringify(turn.user_message);
     }
@@ -429,10 +437,7 @@ async function stop() {
       box.value = [...drafts, box.value.trim()].filter(Boolean).join("\n\n");
       box.focus();
     }
-    for (const d of result.drafts) {
-      const u = turnEl(d.run_id).querySelector(".user");
-      u.textContent = "(message returned to the composer)"; u.classList.add("draft");
-    }
+    for (const d of result.drafts) markReturned(turnEl(d.run_id));
     if (result.noop) showError("nothing to stop");
   } catch (err) {
     showError(err.message);
