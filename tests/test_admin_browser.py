@@ -155,7 +155,7 @@ async def test_list_filter_detail_live_tail_cancel_retry(
 ) -> None:
     async with serve_host(dsn, schema) as base:
         quick = await _enqueue(dsn, schema, "hi", conversation_id="conv-quick", tenant_id="zeta")
-        await _enqueue(dsn, schema, "fail", conversation_id="conv-fail", tenant_id="zeta")
+        failed = await _enqueue(dsn, schema, "fail", conversation_id="conv-fail", tenant_id="zeta")
         slow = await _enqueue(dsn, schema, "slow", conversation_id="conv-slow", tenant_id="acme")
         await page.goto(f"{base}/admin/")
         await page.wait_for_selector(".run-link")
@@ -220,6 +220,14 @@ async def test_list_filter_detail_live_tail_cancel_retry(
         await page.goto(f"{base}/admin/conversation?id=conv-slow")
         assert (await page.text_content("main") or "").count("cancelled") >= 1
         await page.screenshot(path=str(artifacts / "8-conversation.png"), full_page=True)
+
+        # The failed run's page shows its error and the traceback, as Python printed it (#40).
+        await page.goto(f"{base}/admin/runs/{failed.id}")
+        await page.wait_for_selector("pre.traceback")
+        assert await page.is_visible("pre.traceback")
+        shown = await page.text_content("pre.traceback") or ""
+        assert shown.startswith("Traceback (most recent call last)") and "streaming_agent" in shown
+        await page.screenshot(path=str(artifacts / "9-failed-traceback.png"), full_page=True)
 
 
 async def test_read_only_mode_shows_no_action(page: Any, dsn: str, schema: str, artifacts: Path) -> None:
