@@ -12,11 +12,7 @@ WHERE finished_at IS NOT NULL
   AND finished_at > coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(window_seconds)s)
 
 -- name: get_run
-SELECT id, conversation_id, user_id, tenant_id, status, request, idempotency_key, retry_of,
-       worker_id, cancel_requested, error, created_at, started_at, last_heartbeat_at,
-       finished_at, claim_expires_at, user_message_id, priority, not_before, deadline_at,
-       attempt, lineage_id, resumes, input_deadline_at, version, worker_version, agent_key,
-       parent_run_id, root_run_id
+SELECT {run_columns}
 FROM {schema}.agent_run WHERE id = %(run_id)s
 
 -- name: conversation_owner
@@ -27,13 +23,20 @@ FROM {schema}.agent_run WHERE id = %(run_id)s
 SELECT user_id FROM {schema}.agent_run WHERE conversation_id = %(conversation_id)s LIMIT 1
 
 -- name: list_runs
-SELECT id, conversation_id, user_id, tenant_id, status, request, idempotency_key, retry_of,
-       worker_id, cancel_requested, error, created_at, started_at, last_heartbeat_at,
-       finished_at, claim_expires_at, user_message_id, priority, not_before, deadline_at,
-       attempt, lineage_id, resumes, input_deadline_at, version, worker_version, agent_key,
-       parent_run_id, root_run_id
+SELECT {run_columns}
 FROM {schema}.agent_run
 WHERE (%(conversation_id)s::text IS NULL OR conversation_id = %(conversation_id)s)
+  AND (%(status)s::text IS NULL OR status = %(status)s)
+ORDER BY queue_order DESC, attempt DESC
+LIMIT %(limit)s
+
+-- name: list_children
+-- A run's children (list_runs(parent_run_id=...)), newest first: the parent's index
+-- (agent_run_parent_idx, migration 0011) finds them however many runs there are.
+SELECT {run_columns}
+FROM {schema}.agent_run
+WHERE parent_run_id = %(parent_run_id)s
+  AND (%(conversation_id)s::text IS NULL OR conversation_id = %(conversation_id)s)
   AND (%(status)s::text IS NULL OR status = %(status)s)
 ORDER BY queue_order DESC, attempt DESC
 LIMIT %(limit)s

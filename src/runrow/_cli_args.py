@@ -152,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     rl = rsub.add_parser("list", parents=[common], help="recent runs, newest first")
     rl.add_argument("--conversation", help="only this conversation's runs (default: all)")
     rl.add_argument("--status", choices=get_args(RunStatus), help="only runs in this status (default: any)")
+    rl.add_argument("--parent", metavar="RUN_ID", help="only the child runs this run spawned (its sub-agents)")
     rl.add_argument("--limit", type=int, default=50, help="at most this many runs (default: %(default)s)")
     run_id_help = "the run's id (a UUID, as `runrow runs list` shows)"
     for name, helptext in (

@@ -24,9 +24,10 @@ from ._json import parse_run_id
 
 if TYPE_CHECKING:
     import argparse
-    from collections.abc import AsyncIterator, Callable
+    from collections.abc import AsyncIterator, Callable, Sequence
 
 __all__ = [
+    "CHILDREN_SHOWN",
     "EXIT_BROKEN_PIPE",
     "EXIT_INTERRUPTED",
     "EXIT_UNREACHABLE",
@@ -275,15 +276,24 @@ def run_id_arg(value: str) -> uuid.UUID:
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
 
 
-def run_text(fields: dict[str, Any]) -> str:
+CHILDREN_SHOWN = 100
+"""How many of a run's children ``runrow runs show`` names (``runs list --parent`` lists more)."""
+
+
+def run_text(fields: dict[str, Any], children: Sequence[dict[str, Any]] = ()) -> str:
     """``runrow runs show``'s text: a run's fields (as JSON values), one a line; its error
-    as ``type: message``, and its traceback, if one was recorded, after them as Python
-    prints it."""
+    as ``type: message``; the child runs it spawned, one a line (id, agent key, status);
+    and its traceback, if one was recorded, after them as Python prints it."""
     error = fields.get("error") or {}
     traceback = error.get("traceback")
     if error:
         fields = {**fields, "error": f"{error.get('type')}: {error.get('message', '')}"}
     text = "\n".join(f"{k:>18}: {v}" for k, v in fields.items())
+    if children:
+        more = f" (the newest {CHILDREN_SHOWN}: runs list --parent lists all)" if len(children) >= CHILDREN_SHOWN else ""
+        text += f"\n\nchildren{more}:\n" + "\n".join(
+            f"  {c['id']}  {c.get('agent_key') or '-':<16} {c['status']}" for c in children
+        )
     return text + (f"\n\n{traceback.rstrip()}" if isinstance(traceback, str) else "")
 
 

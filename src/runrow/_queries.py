@@ -45,18 +45,32 @@ async def list_runs(
     conversation_id: str | None = None,
     status: str | None = None,
     limit: int = 50,
+    parent_run_id: uuid.UUID | str | None = None,
     schema: str = DEFAULT_SCHEMA,
 ) -> list[RunInfo]:
-    """Runs, newest first, optionally of one conversation and/or one status."""
+    """Runs, newest first, optionally of one conversation, one status and/or one parent.
+
+    ``parent_run_id`` lists the child runs that run spawned (its sub-agents; their own
+    children have them as parent in turn).
+    """
     check_schema(schema)
     _json.check_id(conversation_id, "conversation_id", optional=True)
+    parent = None
+    if parent_run_id is not None:
+        try:
+            parent = parse_run_id(parent_run_id)
+        except RunNotFound:
+            raise InvalidInput("parent_run_id", "not a run id (a UUID)") from None
     if status is not None and status not in STATUSES:
         raise InvalidInput("status", f"unknown status {status!r}")
     if not 1 <= limit <= 10_000:
         raise InvalidInput("limit", "must be between 1 and 10000")
     async with schema_guard(db, schema), statement_conn(db) as conn:
         return await run(
-            conn, reads.list_runs(schema, conversation_id=conversation_id, status=status, limit=limit)
+            conn,
+            reads.list_runs(
+                schema, conversation_id=conversation_id, status=status, limit=limit, parent_run_id=parent
+            ),
         )
 
 

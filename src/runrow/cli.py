@@ -19,6 +19,7 @@ from ._cli_check import cmd_check
 from ._cli_schedules import cmd_schedules
 from ._cli_send import cmd_send
 from ._cli_support import (
+    CHILDREN_SHOWN,
     EXIT_BROKEN_PIPE,
     EXIT_INTERRUPTED,
     EXIT_UNREACHABLE,
@@ -165,20 +166,17 @@ async def cmd_runs(args: argparse.Namespace) -> int:
     if args.runs_command in ("waiting", "input"):
         return await _inputs(args, url)
     if args.runs_command == "list":
-        runs = await list_runs(
-            url, conversation_id=args.conversation, status=args.status, limit=args.limit, schema=args.schema
-        )
+        parent = None if args.parent is None else run_id_arg(args.parent)
+        filters = {"conversation_id": args.conversation, "status": args.status, "parent_run_id": parent}
+        runs = await list_runs(url, **filters, limit=args.limit, schema=args.schema)
         _out(args, runs, _run_lines(runs))
     elif args.runs_command == "show":
-        _out(args, run := await get_run(url, args.run_id, schema=args.schema), run_text(_jsonable(run)))
+        run = await get_run(url, args.run_id, schema=args.schema)
+        children = await list_runs(url, parent_run_id=run.id, limit=CHILDREN_SHOWN, schema=args.schema)
+        _out(args, run, run_text(_jsonable(run), children=[_jsonable(c) for c in reversed(children)]))
     elif args.runs_command == "tail":
-        async for ev in tail(
-            url,
-            args.run_id,
-            from_seq=args.from_seq,
-            schema=args.schema,
-            prepared_statements=not args.no_prepared_statements,
-        ):
+        prepared = not args.no_prepared_statements
+        async for ev in tail(url, args.run_id, from_seq=args.from_seq, schema=args.schema, prepared_statements=prepared):
             if args.json:
                 print(json.dumps(ev.to_dict()), flush=True)
             elif not ev.keepalive:

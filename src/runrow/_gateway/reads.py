@@ -47,14 +47,22 @@ def conversation_owner(schema: str, *, conversation_id: str) -> Plan[str | None]
 
 
 def list_runs(
-    schema: str, *, conversation_id: str | None, status: str | None, limit: int
+    schema: str,
+    *,
+    conversation_id: str | None,
+    status: str | None,
+    limit: int,
+    parent_run_id: uuid.UUID | None = None,
 ) -> Plan[list[RunInfo]]:
-    """Runs, newest first, optionally of one conversation and/or one status."""
-    rows = yield Query(
-        _sql.statement("list_runs", schema),
-        {"conversation_id": conversation_id, "status": status, "limit": limit},
-        class_row(RunInfo),
-    )
+    """Runs, newest first, optionally of one conversation, one status and/or one parent.
+
+    A parent's children have a statement of their own, so that its index is used (a
+    parameter that may be NULL would hide it from a generic plan)."""
+    params: dict[str, object] = {"conversation_id": conversation_id, "status": status, "limit": limit}
+    statement = _sql.statement("list_runs", schema)
+    if parent_run_id is not None:
+        statement, params["parent_run_id"] = _sql.statement("list_children", schema), parent_run_id
+    rows = yield Query(statement, params, class_row(RunInfo))
     return rows
 
 

@@ -29,6 +29,7 @@ REAPED = {
 }
 ACTIVE = LIVE
 RETRYABLE = (FAILED, CANCELLED)
+CHILDREN_SHOWN = 200  # a run page names at most this many of its children
 
 
 async def visible_run(state: AdminState, request: Request, access: AdminAccess) -> runrow.RunInfo:
@@ -73,6 +74,9 @@ class RunPage:
             terminal = await run(conn, gw.terminal_event(self.state.schema, run_id=info.id))
             steps = await run(conn, gw.steps(self.state.schema, lineage_id=root, limit=500))
         waiting = await runrow.waiting_inputs(self.state.pool, run_id=info.id, schema=self.state.schema)
+        children = await runrow.list_runs(
+            self.state.pool, parent_run_id=info.id, limit=CHILDREN_SHOWN, schema=self.state.schema
+        )
         base = self.state.base(request)
         parts = [self._summary(base, info), self._actions(base, info, access)]
         parts.append(self._timeline(info, terminal))
@@ -149,6 +153,9 @@ class RunPage:
             )
         )
         parts.append(Html("</section>"))
+        parts.append(
+            self._children(base, [c for c in reversed(children) if access.tenant_id in (None, c.tenant_id)])
+        )
         parts.append(self.waiting_section(request, access, info, waiting))
         if info.request is not None:
             parts.append(Html('<section aria-labelledby="request-h"><h2 id="request-h">Request</h2>'))
@@ -219,8 +226,40 @@ class RunPage:
             ("Priority", info.priority),
             ("Cancel requested", "yes" if info.cancel_requested else "no"),
         ]
+        if info.parent_run_id is not None:  # a sub-agent: its parent, and its tree's root
+            items.append(("Agent", info.agent_key or "-"))
+            items.append(("Parent run", link(f"{base}/runs/{info.parent_run_id}", str(info.parent_run_id))))
+            if info.root_run_id not in (None, info.parent_run_id):
+                items.append(("Root run", link(f"{base}/runs/{info.root_run_id}", str(info.root_run_id))))
         return Html(
             '<dl class="summary">' + "".join(f"<dt>{e(k)}</dt><dd>{e(v)}</dd>" for k, v in items) + "</dl>"
+        )
+
+    @staticmethod
+    def _children(base: str, children: list[runrow.RunInfo]) -> Html:
+        """The child runs this run spawned, in spawn order (stopping the conversation of a
+        parent stops them too)."""
+        rows = [
+            (
+                link(f"{base}/runs/{c.id}", str(c.id)),
+                c.agent_key or "-",
+                status(c.status),
+                ts(c.created_at),
+                ts(c.finished_at),
+            )
+            for c in children
+        ]
+        caption = "Sub-agents this run spawned" + (
+            f" (the newest {CHILDREN_SHOWN})" if len(rows) >= CHILDREN_SHOWN else ""
+        )
+        return join(
+            [
+                Html('<section id="children" aria-labelledby="children-h"><h2 id="children-h">Children</h2>'),
+                table(
+                    caption, ("Run", "Agent", "Status", "Created", "Finished"), rows, empty="No child runs."
+                ),
+                Html("</section>"),
+            ]
         )
 
     def _actions(self, base: str, info: runrow.RunInfo, access: AdminAccess) -> Html:
