@@ -14,6 +14,10 @@ interleaved rounds:
 * ``flat``: the same number of runs (11 per tree) as independent 3-step turns, each in a
   conversation of its own.
 
+Both are queued before the Dispatcher starts; the drain is timed (a tree's spawns, its
+children's enqueues, are part of its work; the flat turns' enqueues are not) and its WAL
+counted.
+
 Figures: trees/s, runs/s, WAL bytes per run, and the tree's overhead: the time per run
 of ``tree`` over the time per run of ``flat`` (1.00 would be a tree costing exactly its
 11 runs; above it, what spawning, parking and the resume add).
@@ -80,7 +84,6 @@ async def measure(conninfo: str, mode: str, trees: int, concurrency: int) -> dic
     async with b.schema(f"tree_{mode}") as schema, await psycopg.AsyncConnection.connect(
         conninfo, autocommit=True
     ) as conn:
-        _, _, wal0 = await _progress(conn, schema)
         dispatcher = runrow.Dispatcher(
             conninfo,
             orchestrator,
@@ -90,18 +93,19 @@ async def measure(conninfo: str, mode: str, trees: int, concurrency: int) -> dic
             poll=0.2,
             max_children=CHILDREN,
         )
+        tag = uuid.uuid4().hex[:6]
+        for i in range(trees if mode == "tree" else runs):  # queued first: the drain is timed
+            await runrow.enqueue(
+                conn,
+                schema=schema,
+                conversation_id=f"{tag}-{i}",
+                user_id="u",
+                content="go",
+                agent_key=None if mode == "tree" else "leaf",
+            )
+        _, _, wal0 = await _progress(conn, schema)
         async with dispatcher:
             t0 = time.perf_counter()
-            tag = uuid.uuid4().hex[:6]
-            for i in range(trees if mode == "tree" else runs):
-                await runrow.enqueue(
-                    conn,
-                    schema=schema,
-                    conversation_id=f"{tag}-{i}",
-                    user_id="u",
-                    content="go",
-                    agent_key=None if mode == "tree" else "leaf",
-                )
             with anyio.fail_after(600):
                 while True:
                     ended, failed, wal = await _progress(conn, schema)

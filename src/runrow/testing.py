@@ -4,7 +4,8 @@
   enqueues the turn, runs a short-lived :class:`~runrow.Dispatcher` until the run ends,
   and returns an ``AgentResult``: the run's final row, its journal (every event, in
   order) and the conversation's transcript. ``inputs=`` scripts the answers to an agent
-  that waits for a person (``run.wait_for_input``).
+  that waits for a person (``run.wait_for_input``), ``children=`` the sub-agents it
+  spawns (``run.spawn``).
 * ``ScriptedModel`` stands in for a model client: each call to its ``stream`` plays the
   next scripted response, chunk by chunk (text deltas, ``ToolCall`` objects, or any
   object you script).
@@ -18,6 +19,7 @@ not import pytest: the helpers work from any test runner, or a script.
 from __future__ import annotations
 
 import copy
+import inspect
 import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -35,13 +37,13 @@ from ._gateway._exec import run
 from ._inputs import provide_input, waiting_inputs
 from ._migrate import migrate
 from ._names import DEFAULT_SCHEMA
-from ._queries import get_run, transcript
+from ._queries import get_run, list_runs, transcript
 from ._tail import tail
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Mapping, Sequence
 
-    from ._engine.context import Agent
+    from ._engine.context import Agent, RunContext
     from ._engine.signals import Signals
     from ._models import Message, RunInfo
     from ._status import RunStatus
@@ -126,6 +128,8 @@ class AgentResult:
     (written by the enqueue), what the agent emitted, and the terminal ``complete``."""
     transcript: list[Message]
     """The conversation's durable transcript (all its turns so far), in turn order."""
+    children: list[RunInfo] = field(default_factory=list)
+    """The child runs the agent spawned (``run.spawn``), in spawn order, as they ended."""
 
     @property
     def status(self) -> RunStatus:
@@ -194,6 +198,7 @@ async def run_agent(
     tenant_id: str | None = None,
     request: Any = None,
     inputs: Mapping[str, Any] | None = None,
+    children: Mapping[str, Any] | None = None,
     timeout: float = 30.0,
     **dispatcher_options: Any,
 ) -> AgentResult:
@@ -213,6 +218,15 @@ async def run_agent(
     :class:`~runrow.testing.InputNotScripted` at once, naming the key; the run is left
     waiting.
 
+    ``children`` scripts sub-agents, by agent key: a child the agent spawns
+    (``run.spawn``) under a scripted key runs as a real child run that answers at once
+    with its script, and the parent's :meth:`~runrow.ChildResult.get` returns that. A
+    script is the answer itself (any JSON value), a callable taking the child's content
+    and returning the answer (or an awaitable of it), or an exception (an instance or a
+    class) that the child raises, which the parent sees as :class:`~runrow.ChildFailed`.
+    Keys given as real agents in ``dispatcher_options["agents"]`` run those agents. The
+    children are in :attr:`~runrow.testing.AgentResult.children`.
+
     ``dispatcher_options`` go to the dispatcher. Unless given, ``flush_interval`` is 60 s,
     so the journal does not depend on timing: consecutive text deltas become one
     ``content_delta`` event, which ends where the agent emits any other event or writes
@@ -222,6 +236,9 @@ async def run_agent(
     """
     conversation = conversation_id or f"test-{uuid.uuid4().hex[:12]}"
     options: dict[str, Any] = {"concurrency": 1, "poll": 0.5, "flush_interval": 60.0, **dispatcher_options}
+    if children:
+        scripted = {key: _scripted_child(key, script) for key, script in children.items()}
+        options["agents"] = {**scripted, **(options.get("agents") or {})}
     events: list[Event] = []
     async with Dispatcher(db, agent, schema=schema, **options) as dispatcher:
         run = await enqueue(
@@ -249,14 +266,32 @@ async def run_agent(
                 f"run {run.id} did not end within {timeout:g}s (it was {now.status}, with "
                 f"{len(events)} journal events); pass a longer timeout= if the agent needs it"
             )
+    spawned = await list_runs(db, parent_run_id=run.id, limit=10_000, schema=schema)
     result = AgentResult(
         run=await get_run(db, run.id, schema=schema),
         events=events,
         transcript=await transcript(db, conversation, schema=schema),
+        children=spawned[::-1],
     )
     if unscripted is not None:
         raise InputNotScripted(*unscripted, result)
     return result
+
+
+def _scripted_child(key: str, script: Any) -> Agent:
+    """An agent that plays one child's script (see ``run_agent``'s ``children``)."""
+
+    async def child(run: RunContext) -> None:
+        if isinstance(script, BaseException):
+            raise copy.copy(script)
+        if isinstance(script, type) and issubclass(script, BaseException):
+            raise script(f"scripted failure of the {key!r} child")
+        answer = script(run.content) if callable(script) else script
+        if inspect.isawaitable(answer):
+            answer = await answer
+        await run.write_message(answer)
+
+    return child
 
 
 async def _answer(
