@@ -4,7 +4,8 @@ A run's ``request`` says what to do: ``steps`` (each streams two deltas, perform
 side effect keyed by (run_id, step) and journals a ``step_done`` event; with ``durable``,
 the effect is a durable step keyed by the turn, which a retry replays), ``delay``
 between steps, ``message`` (write the answer to the transcript), and optionally a
-``hook`` with a ``fault`` id. At a hook point the agent announces itself by writing
+``hook`` with a ``fault`` id; with ``tree`` (a count), the run is a tree's root that spawns
+that many children running ``child`` (see :func:`parent`). At a hook point the agent announces itself by writing
 ``<CHAOS_HOOK_DIR>/<fault>.json`` (its pid, worker id and run id), then waits up to
 ``hook_wait`` seconds so the runner can SIGKILL or SIGSTOP this very process there:
 
@@ -104,8 +105,23 @@ async def _hook(run: RunContext, request: dict[str, Any], point: str) -> None:
     await anyio.sleep(float(request.get("hook_wait", 8.0)))
 
 
+async def parent(run: RunContext, request: dict[str, Any]) -> None:
+    """A tree's root (#41): spawns ``tree`` children (each runs this agent on ``child``, with
+    its ``index``), waits for them without a slot, and writes their outcomes."""
+    child = dict(request.get("child") or {})
+    kids = await run.spawn_many(
+        [(None, f"part {i} of {run.content}", {**child, "index": i}) for i in range(int(request["tree"]))]
+    )
+    results = await run.wait_for_children(kids)
+    if request.get("message"):
+        with contextlib.suppress(psycopg.OperationalError):
+            await run.write_message({"children": [r.status for r in results]})
+
+
 async def agent(run: RunContext) -> None:
     request: dict[str, Any] = run.request if isinstance(run.request, dict) else {}
+    if request.get("tree"):
+        return await parent(run, request)
     steps = int(request.get("steps", 3))
     delay = float(request.get("delay", 0.1))
     execution = uuid.uuid4()  # one per execution of this run: a second one would show

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
     from psycopg import AsyncConnection
 
+PARK_EVENTS = frozenset({"children_awaited", "input_requested"})  # a run parks with one of these
 MAX_LISTED = 25  # violations listed per invariant in the report (all are counted)
 INF = float("inf")
 
@@ -70,6 +71,10 @@ class RunRow:
     queue_order: int
     cancel_requested: bool
     attempt: int = 1
+    parent_run_id: uuid.UUID | None = None  # a child run (#41): its parent turn's first run
+    root_run_id: uuid.UUID | None = None
+    lineage_id: uuid.UUID | None = None  # its turn's first run (None: it is that run)
+    child_index: int | None = None  # which of its parent's children (the request's "index")
 
 
 @dataclass
@@ -145,10 +150,11 @@ async def load(conn: AsyncConnection, schema: str, chaos_schema: str) -> Snapsho
         k: v for k, v in await q(sql.SQL("SELECT key, value FROM {}").format(ident(chaos_schema, "meta")))
     }
     runs = {
-        r[0]: RunRow(r[0], r[1], r[2], r[3], r[4], r[5])
+        r[0]: RunRow(*r)
         for r in await q(
             sql.SQL(
-                "SELECT id, conversation_id, status, queue_order, cancel_requested, attempt FROM {}"
+                "SELECT id, conversation_id, status, queue_order, cancel_requested, attempt, parent_run_id,"
+                " root_run_id, lineage_id, (request ->> 'index')::int FROM {}"
             ).format(ident(schema, "agent_run"))
         )
     }
@@ -214,10 +220,24 @@ class _Life:
     terminal: list[Transition] = field(default_factory=list)
     changed_after_terminal: list[Transition] = field(default_factory=list)
     last_status: str | None = None
+    history: list[tuple[int, str]] = field(default_factory=list)  # (seq, new status), in order
 
     @property
     def run_seq(self) -> int | None:
         return self.running[0] if self.running else None
+
+    def status_at(self, seq: int) -> str | None:
+        """The status the run had once the transition ``seq`` had committed (None: not yet inserted)."""
+        status = None
+        for at, new in self.history:
+            if at > seq:
+                break
+            status = new
+        return status
+
+    def started_after(self, seq: int) -> int | None:
+        """The first claim of the run after ``seq`` (a run parked before it may resume), or None."""
+        return next((s for s in self.running if s > seq), None)
 
     @property
     def term_seq(self) -> float:
@@ -274,6 +294,7 @@ class _Context:
             if t.new_status in TERMINAL and t.old_status not in TERMINAL:
                 life.terminal.append(t)
             life.last_status = t.new_status
+            life.history.append((t.seq, t.new_status))
         by_conv: defaultdict[str, list[RunRow]] = defaultdict(list)
         for run in snap.runs.values():
             by_conv[run.conversation_id].append(run)
@@ -356,8 +377,11 @@ def _no_side_effect_twice(ctx: _Context) -> list[str]:
         if run_id in ctx.lives and ctx.lives[run_id].run_seq is None:
             out.append(f"run {run_id} step {step}: side effect of a run never claimed")
     for run_id, life in ctx.lives.items():
-        if len(life.running) > 1:
-            out.append(f"run {run_id}: claimed {len(life.running)} times {life.running}")
+        # A run claims again only to resume from a park, each journaled with its wait (a
+        # parent's on its children; a park whose wait was already over queues it at once).
+        parks = sum(1 for _, etype, _ in ctx.snap.events.get(run_id, ()) if etype in PARK_EVENTS)
+        if len(life.running) > 1 + parks:
+            out.append(f"run {run_id}: claimed {len(life.running)} times {life.running} with {parks} parks")
     return out
 
 
@@ -463,8 +487,11 @@ def _stops_honoured(ctx: _Context) -> list[str]:
     for st in ctx.snap.stops:
         cancelled, asked = set(st.cancelled), set(st.cancel_requested)
         for rid in cancelled:
-            if ctx.life(rid).run_seq is not None or (
-                rid in ctx.snap.runs and ctx.snap.runs[rid].status != "cancelled"
+            life = ctx.life(rid)
+            if (
+                life.status_at(st.seq) == "running"
+                or life.started_after(st.seq) is not None
+                or (rid in ctx.snap.runs and ctx.snap.runs[rid].status != "cancelled")
             ):
                 out.append(
                     f"stop {st.id}: run {rid}, cancelled before it started, started or ended otherwise"
@@ -473,8 +500,7 @@ def _stops_honoured(ctx: _Context) -> list[str]:
             life = ctx.life(r.id)
             if life.inserted is None or life.inserted > st.seq or life.term_seq < st.seq:
                 continue  # enqueued after the stop, or already finished before it
-            rs = life.run_seq
-            if rs is not None and rs < st.seq:  # running when the stop committed
+            if life.status_at(st.seq) == "running":  # running when the stop committed
                 if r.id not in asked:
                     out.append(f"stop {st.id}: running run {r.id} was not asked to stop")
                 if r.status not in ("cancelled", "completed"):
@@ -493,11 +519,11 @@ def _stops_honoured(ctx: _Context) -> list[str]:
                             f"stop {st.id}: run {r.id} ended {r.status} {took:.2f}s after the stop "
                             f"(bound {bound:.2f}s{', reaped' if reaped else ''})"
                         )
-            else:  # queued when the stop committed
-                if rs is not None:
+            else:  # queued (or parked waiting, a parent on its children) when the stop committed
+                if (started := life.started_after(st.seq)) is not None:
                     out.append(
                         f"stop {st.id} (seq {st.seq}): queued run {r.id} of {st.conversation_id} started "
-                        f"after the stop (seq {rs})"
+                        f"after the stop (seq {started})"
                     )
                 if r.status != "cancelled" or r.id not in cancelled:
                     out.append(
@@ -543,6 +569,90 @@ def _recovery_bounded(ctx: _Context) -> list[str]:
     return out
 
 
+def _children_spawned_once(ctx: _Context) -> list[str]:
+    """Proves no parent turn spawned a child twice (a replay of its spawn step gets the same
+    children back), and that each child names its parent's root as its own."""
+    out: list[str] = []
+    spawned: Counter[tuple[uuid.UUID, int | None]] = Counter()
+    runs = ctx.snap.runs
+    for run in runs.values():
+        if run.parent_run_id is None or run.attempt != 1:
+            continue
+        spawned[(run.parent_run_id, run.child_index)] += 1
+        parent = runs.get(run.parent_run_id)
+        if parent is None:
+            out.append(f"child {run.id}: its parent {run.parent_run_id} is not a run")
+            continue
+        root = parent.root_run_id or parent.lineage_id or parent.id
+        if run.root_run_id != root:
+            out.append(f"child {run.id}: root {run.root_run_id}, but its parent's tree is rooted at {root}")
+    for (parent_id, index), n in spawned.items():
+        if n > 1:
+            out.append(f"parent {parent_id}: child {index} spawned {n} times")
+    return out
+
+
+def _parents_end_after_children(ctx: _Context) -> list[str]:
+    """Proves a parent turn that completed did so after each of its children ended (it waited
+    for them: no orphan child still running when its parent's answer was written)."""
+    out: list[str] = []
+    children: defaultdict[uuid.UUID, list[RunRow]] = defaultdict(list)
+    for run in ctx.snap.runs.values():
+        if run.parent_run_id is not None:
+            children[run.parent_run_id].append(run)
+    for run in ctx.snap.runs.values():
+        turn = run.lineage_id or run.id
+        end = ctx.first_terminal.get(run.id)
+        if run.status != "completed" or end is None or turn not in children:
+            continue
+        for child in children[turn]:
+            child_end = ctx.first_terminal.get(child.id)
+            if child_end is None or child_end.seq > end.seq:
+                out.append(
+                    f"parent {run.id} completed (seq {end.seq}) before its child {child.id} ended "
+                    f"({'never' if child_end is None else f'seq {child_end.seq}'})"
+                )
+    return out
+
+
+def _stops_reach_descendants(ctx: _Context) -> list[str]:
+    """Proves a stop reached the trees of the turns it stopped: no child spawned after it, none
+    queued or parked then that started later or ended otherwise than cancelled, and each
+    running one ended cancelled or completed (or failed, reaped with its worker)."""
+    out: list[str] = []
+    tree: defaultdict[uuid.UUID, list[RunRow]] = defaultdict(list)
+    for run in ctx.snap.runs.values():
+        if run.root_run_id is not None:
+            tree[run.root_run_id].append(run)
+    for st in ctx.snap.stops:
+        for r in ctx.by_conv.get(st.conversation_id, []):
+            life = ctx.life(r.id)
+            if life.inserted is None or life.inserted > st.seq or life.term_seq < st.seq:
+                continue  # not live when the stop committed
+            for child in tree.get(r.lineage_id or r.id, []):
+                cl = ctx.life(child.id)
+                if cl.inserted is None or cl.term_seq < st.seq:
+                    continue  # ended before the stop
+                if cl.inserted > st.seq:
+                    out.append(f"stop {st.id}: child {child.id} of {r.id} was spawned after the stop")
+                    continue
+                at = cl.status_at(st.seq)
+                if at == "running":
+                    allowed = {"cancelled", "completed"} | ({"failed"} if child.id in ctx.reaped else set())
+                    if child.status not in allowed:
+                        out.append(f"stop {st.id}: running child {child.id} of {r.id} ended {child.status}")
+                elif (started := cl.started_after(st.seq)) is not None or child.status != "cancelled":
+                    out.append(
+                        f"stop {st.id}: child {child.id} of {r.id}, {at} at the stop, "
+                        + (
+                            f"started after it (seq {started})"
+                            if started is not None
+                            else f"ended {child.status}"
+                        )
+                    )
+    return out
+
+
 _CHECKS: dict[str, Callable[[_Context], list[str]]] = {
     "exactly_one_terminal_state": _exactly_one_terminal_state,
     "terminal_states_never_changed": _terminal_states_never_changed,
@@ -554,6 +664,9 @@ _CHECKS: dict[str, Callable[[_Context], list[str]]] = {
     "tails_saw_exact_journal": _tails_saw_exact_journal,
     "stops_honoured": _stops_honoured,
     "recovery_bounded": _recovery_bounded,
+    "children_spawned_once": _children_spawned_once,
+    "parents_end_after_children": _parents_end_after_children,
+    "stops_reach_descendants": _stops_reach_descendants,
 }
 """Each invariant's check, in report order: a new invariant is one function and one entry here."""
 
@@ -597,6 +710,9 @@ def _counts(ctx: _Context) -> dict[str, Any]:
         "tails": len(transcripts),
         "tails_resumed": sum(1 for t in transcripts if t.resumes),
         "tail_resumes": sum(t.resumes for t in transcripts),
+        "children": sum(1 for r in snap.runs.values() if r.parent_run_id is not None),
+        "parents": len({r.parent_run_id for r in snap.runs.values() if r.parent_run_id is not None}),
+        "parks": sum(1 for evs in snap.events.values() for _, etype, _ in evs if etype in PARK_EVENTS),
     }
 
 

@@ -51,6 +51,7 @@ from tests.chaos.proxy import Proxy  # noqa: E402
 from tests.chaos.schema import ident, install, stop_and_log  # noqa: E402
 
 REPORT_FORMAT = "runrow-chaos-report/1"
+TREE_FRACTION = 0.15  # of the load's turns, roots of a tree of sub-agents (#41)
 SCHEMA = "runrow"
 CHAOS = "chaos"
 DBNAME = "chaos"
@@ -376,12 +377,15 @@ class Chaos:
 
     async def burst(self, cid: str, tails: anyio.abc.TaskGroup) -> None:
         for i in range(self.rng.randint(1, 4)):
-            request = {
+            request: dict[str, Any] = {
                 "steps": self.rng.randint(2, 5),
                 "delay": round(self.rng.uniform(0.02, 0.15), 3),
                 "message": self.rng.random() < 0.3,
                 "durable": self.rng.random() < 0.4,
             }
+            if self.rng.random() < TREE_FRACTION:  # a tree: the root spawns children, waits, answers
+                child = {**request, "steps": self.rng.randint(1, 3), "durable": True}
+                request = {"tree": self.rng.randint(2, 4), "child": child, "message": True}
             rid = await self.enqueue(cid, request, i)
             if rid is not None and self.rng.random() < self.prof.tail_fraction:
                 tails.start_soon(self.follow, rid)

@@ -389,3 +389,55 @@ async def test_stop_reported_a_cancel_that_did_not_hold(world: World) -> None:
     result = await world.check()
     assert failing(result) == {"stops_honoured"}
     assert "cancelled before it started" in result.violations["stops_honoured"][0]
+
+
+async def _child_of(world: World, parent: uuid.UUID, index: int, conversation: str) -> uuid.UUID:
+    """A run made a child of ``parent`` (child ``index`` of a tree rooted there), as a spawn
+    would link it (without the spawn's guards)."""
+    child = await world.enqueue(conversation)
+    await world.execute(
+        "UPDATE {run} SET parent_run_id = %s, root_run_id = %s, request = jsonb_build_object('index', %s::int) "
+        "WHERE id = %s",
+        (parent, parent, index, child),
+    )
+    return child
+
+
+async def test_a_child_spawned_twice(world: World) -> None:
+    parent = await world.enqueue("tree-1")
+    await world.start(parent)
+    await world.finish(parent, "failed")  # (a parent that did not complete: only the spawn is judged)
+    for conversation in ("child-a", "child-b"):  # the same child twice, as a replayed spawn would
+        child = await _child_of(world, parent, 0, conversation)
+        await world.start(child)
+        await world.finish(child)
+    result = await world.check()
+    assert failing(result) == {"children_spawned_once"}
+    assert "child 0 spawned 2 times" in result.violations["children_spawned_once"][0]
+    assert result.counts["children"] == 2 and result.counts["parents"] == 1
+
+
+async def test_a_parent_that_completed_before_its_child_ended(world: World) -> None:
+    parent = await world.enqueue("tree-2")
+    await world.start(parent)
+    await world.finish(parent)  # answered without waiting for its child
+    child = await _child_of(world, parent, 0, "child-c")
+    await world.start(child)
+    await world.finish(child)
+    result = await world.check()
+    assert failing(result) == {"parents_end_after_children"}
+    assert f"before its child {child} ended" in result.violations["parents_end_after_children"][0]
+
+
+async def test_a_child_spawned_after_its_tree_was_stopped(world: World) -> None:
+    root = await world.enqueue("tree-3")
+    await world.start(root)
+    stop = await stop_and_log(world.conn, world.schema, world.chaos, "tree-3")
+    assert stop.cancel_requested == [root]
+    child = await _child_of(world, root, 0, "child-d")  # a spawn the stop should have refused
+    await world.start(child)
+    await world.finish(child)
+    await world.finish(root, "cancelled")
+    result = await world.check()
+    assert failing(result) == {"stops_reach_descendants"}
+    assert "was spawned after the stop" in result.violations["stops_reach_descendants"][0]
