@@ -359,6 +359,10 @@ async def main_async(args: argparse.Namespace) -> int:
         except ImportError:
             print("(no plot: matplotlib is not installed; pip install -e '.[bench]')", file=sys.stderr)
         print(f"\nPlot: {png}", file=sys.stderr)
+    broken = [r.scenario for r in rows if r.case == "error"]
+    if broken:  # (no thresholds are judged here, but a scenario that crashed is a broken bench)
+        print(f"scenarios that failed to run: {', '.join(broken)}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -17,6 +17,10 @@ import psycopg
 from lib import Bench, Row, channels, finalize_params, latency_rows, statement
 from psycopg import sql
 
+from runrow._gateway.claims import ClaimedRun
+
+LAST_SEQ = ClaimedRun._fields.index("last_seq")  # the claim's RETURNING column (it grew past it)
+
 SEED = """
 INSERT INTO {s}.message (id, conversation_id, role, content, status, user_id, created_at, turn)
 SELECT md5('m' || g)::uuid, 'hist' || (g %% 5000), 'user', '"hello"', 'sent', 'u',
@@ -79,7 +83,7 @@ class _Probe:
         ms = (time.perf_counter() - t0) * 1000
         assert rows, "the scale probe ran out of queued runs"
         r = rows[0]
-        await self.conn.execute(self.finalize, finalize_params(self.ch, [(r[0], r[1], int(r[-1]) + 1)]))
+        await self.conn.execute(self.finalize, finalize_params(self.ch, [(r[0], r[1], int(r[LAST_SEQ]) + 1)]))
         self.done.append(r[0])
         return ms
 

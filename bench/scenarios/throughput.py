@@ -23,6 +23,9 @@ from lib import (
 )
 
 import runrow
+from runrow._gateway.claims import ClaimedRun
+
+LAST_SEQ = ClaimedRun._fields.index("last_seq")  # the claim's RETURNING column (it grew past it)
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -52,18 +55,25 @@ async def enqueue_runrow(b: Bench, schema: str, n: int, conns: int) -> float:
             await c.close()
 
 
-# The enqueue statement's parameters for a plain turn: no priority, delay, deadline or
-# admission limits (as runrow.enqueue sends them by default).
-ENQUEUE_DEFAULTS = {
-    "priority": 0,
-    "not_before_at": None,
-    "not_before_in": None,
-    "deadline_at": None,
-    "deadline_in": None,
-    "max_queued_tenant": None,
-    "max_queued_conversation": None,
-    "reject_if_busy": False,
-}
+def _enqueue_defaults() -> dict[str, Any]:
+    """The enqueue statement's parameters for a plain turn (no priority, delay, deadline or
+    admission limits), as the gateway builds them for runrow.enqueue's defaults, less the
+    turn's own fields: a new option of the statement reaches the bench without an edit."""
+    from runrow._enqueue_options import EnqueueOptions
+    from runrow._gateway.submit import enqueue_params
+
+    plain = EnqueueOptions.checked(
+        conversation_id="c", user_id="u", content="hi", tenant_id=None, idempotency_key=None,
+        request=None, priority=0, not_before=None, deadline=None, on_busy="enqueue",
+        max_queued_per_tenant=None, max_queued_per_conversation=None, schema="runrow",
+        max_content_bytes=1 << 20,
+    )  # fmt: skip
+    params = enqueue_params(plain, wake_channel="", conversation_lock="")
+    own = ("conversation_id", "user_id", "tenant_id", "idempotency_key", "content", "request")
+    return {k: v for k, v in params.items() if k not in (*own, "wake_channel", "conversation_lock")}
+
+
+ENQUEUE_DEFAULTS = _enqueue_defaults()
 
 
 async def enqueue_bare(b: Bench, schema: str, n: int, conns: int) -> float:
@@ -267,7 +277,7 @@ async def drain_bare(b: Bench, schema: str, n: int, workers: int, batch: int, op
                 return
             ids = [r[0] for r in got]
             tokens = [r[1] for r in got]
-            seq = [int(r[-1]) + 1 for r in got]
+            seq = [int(r[LAST_SEQ]) + 1 for r in got]
             if op == "full":
                 await conn.execute(
                     append,
@@ -330,7 +340,7 @@ async def drain_bare_pipelined(
         nonlocal done
         cur = psycopg.AsyncRawCursor(writer)
         await cur.execute(
-            finalize.query, finalize.bind(finalize_params(ch, [(r[0], r[1], int(r[-1]) + 1) for r in batch]))
+            finalize.query, finalize.bind(finalize_params(ch, [(r[0], r[1], int(r[LAST_SEQ]) + 1) for r in batch]))
         )
         done += len(await cur.fetchall())
 
@@ -381,7 +391,7 @@ async def drain_bare_folded(b: Bench, schema: str, n: int, concurrency: int, lan
             claimed = psycopg.AsyncRawCursor(conn)
             async with conn.pipeline():
                 if previous:
-                    ends = [(r[0], r[1], int(r[-1]) + 1) for r in previous]
+                    ends = [(r[0], r[1], int(r[LAST_SEQ]) + 1) for r in previous]
                     await ended.execute(finalize.query, finalize.bind(finalize_params(ch, ends)))
                 await claimed.execute(claim.query, bare_claim_params(claim, limit))
             if previous:

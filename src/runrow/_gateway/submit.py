@@ -5,7 +5,7 @@ Every function here is a plan (see :mod:`._exec`), run on an async or a sync con
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .. import _sql
 from ._exec import Plan, Query
@@ -70,32 +70,37 @@ def enqueue(options: EnqueueOptions, *, wake_channel: str, conversation_lock: st
     """Writes the message, the run, journal events 1-2 and the wake in one statement, if admitted."""
     (row,) = yield Query(
         _sql.statement("enqueue", options.schema),
-        {
-            "conversation_id": options.conversation_id,
-            "user_id": options.user_id,
-            "tenant_id": options.tenant_id,
-            "idempotency_key": options.idempotency_key,
-            "content": options.content,
-            "request": options.request,
-            "priority": options.priority,
-            "not_before_at": options.not_before_at,
-            "not_before_in": options.not_before_in,
-            "deadline_at": options.deadline_at,
-            "deadline_in": options.deadline_in,
-            "agent_key": options.agent_key,
-            "parent_run_id": options.parent_run_id,
-            "root_run_id": options.root_run_id,
-            "max_queued_tenant": options.max_queued_tenant,
-            "max_queued_conversation": options.max_queued_conversation,
-            "reject_if_busy": options.on_busy == "reject",
-            "wake_channel": wake_channel,
-            "conversation_lock": conversation_lock,
-        },
+        enqueue_params(options, wake_channel=wake_channel, conversation_lock=conversation_lock),
     )
     # (the gate always yields one row)
     rid, status, conv, message_id, created_at, _woke, admitted, busy, tenant_queued, conv_queued = row
     run = None if rid is None else RunRef(rid, status, conv, message_id, created_at)
     return Admission(run, admitted, busy, tenant_queued, conv_queued)
+
+
+def enqueue_params(options: EnqueueOptions, *, wake_channel: str, conversation_lock: str) -> dict[str, Any]:
+    """The enqueue statement's parameters for ``options`` (the benchmarks send it bare too)."""
+    return {
+        "conversation_id": options.conversation_id,
+        "user_id": options.user_id,
+        "tenant_id": options.tenant_id,
+        "idempotency_key": options.idempotency_key,
+        "content": options.content,
+        "request": options.request,
+        "priority": options.priority,
+        "not_before_at": options.not_before_at,
+        "not_before_in": options.not_before_in,
+        "deadline_at": options.deadline_at,
+        "deadline_in": options.deadline_in,
+        "agent_key": options.agent_key,
+        "parent_run_id": options.parent_run_id,
+        "root_run_id": options.root_run_id,
+        "max_queued_tenant": options.max_queued_tenant,
+        "max_queued_conversation": options.max_queued_conversation,
+        "reject_if_busy": options.on_busy == "reject",
+        "wake_channel": wake_channel,
+        "conversation_lock": conversation_lock,
+    }
 
 
 def find_idempotent(
