@@ -92,7 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"runrow {__version__}")
     sub = _group(parser, "command")
 
-    sub.add_parser("migrate", parents=[common], help="create or upgrade the schema")
+    m = sub.add_parser("migrate", parents=[common], help="create or upgrade the schema")
+    m.add_argument(
+        "--dashboard-indexes",
+        action="store_true",
+        help="also build the dashboard's list indexes, concurrently (for large tables; see docs)",
+    )
 
     w = sub.add_parser("worker", parents=[common], help="run a dispatcher for module:callable")
     w.add_argument("agent", help="the agent, as module:callable (e.g. myapp.agents:agent, found from here)")
@@ -152,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     rl = rsub.add_parser("list", parents=[common], help="recent runs, newest first")
     rl.add_argument("--conversation", help="only this conversation's runs (default: all)")
     rl.add_argument("--status", choices=get_args(RunStatus), help="only runs in this status (default: any)")
-    rl.add_argument("--parent", metavar="RUN_ID", help="only the child runs this run spawned (its sub-agents)")
+    rl.add_argument("--parent", metavar="RUN_ID", help="only the child runs this run spawned (default: any run)")
     rl.add_argument("--limit", type=int, default=50, help="at most this many runs (default: %(default)s)")
     run_id_help = "the run's id (a UUID, as `runrow runs list` shows)"
     for name, helptext in (

@@ -22,7 +22,11 @@ def latest_version() -> int:
 
 
 async def migrate(
-    conninfo: str | AsyncConnection, *, schema: str = DEFAULT_SCHEMA, target: int | None = None
+    conninfo: str | AsyncConnection,
+    *,
+    schema: str = DEFAULT_SCHEMA,
+    target: int | None = None,
+    dashboard_indexes: bool = False,
 ) -> list[int]:
     """Brings ``schema`` up to ``target`` (default: the latest) and returns the versions applied.
 
@@ -30,6 +34,12 @@ async def migrate(
     under a per-schema advisory lock, so concurrent migrators apply each step once
     and the others find it done. A schema newer than this runrow raises
     :class:`SchemaOutOfDate`.
+
+    ``dashboard_indexes=True`` then builds the indexes of the dashboard's runs list
+    (one per filter; opt-in since schema version 12, since each costs every run's status
+    change a little: see ``docs/howto/dashboard.md``), with ``CREATE INDEX
+    CONCURRENTLY`` (writes go on meanwhile; ``conninfo`` must then not be a connection
+    inside a transaction). A second call finds them built and does nothing.
     """
     check_schema(schema)
     steps = _schema.migrations()
@@ -37,10 +47,26 @@ async def migrate(
     goal = latest if target is None else target
     if not 0 <= goal <= latest:
         raise InvalidInput("target", f"must be between 0 and {latest}")
+    if dashboard_indexes and goal < FIRST_OPT_IN_DASHBOARD:
+        raise InvalidInput("dashboard_indexes", f"needs the schema at version {FIRST_OPT_IN_DASHBOARD} or later")
     if isinstance(conninfo, AsyncConnection):
-        return await _migrate(conninfo, schema, steps, goal)
+        return await _migrate_then_index(conninfo, schema, steps, goal, dashboard_indexes)
     async with await AsyncConnection.connect(conninfo, autocommit=True) as conn:
-        return await _migrate(conn, schema, steps, goal)
+        return await _migrate_then_index(conn, schema, steps, goal, dashboard_indexes)
+
+
+FIRST_OPT_IN_DASHBOARD = 12
+"""The schema version from which the dashboard's list indexes are opt-in."""
+
+
+async def _migrate_then_index(
+    conn: AsyncConnection, schema: str, steps: tuple[_schema.Migration, ...], goal: int, indexes: bool
+) -> list[int]:
+    applied = await _migrate(conn, schema, steps, goal)
+    if indexes:
+        await run(conn, _schema.dashboard_indexes(schema))
+        log.info("built the dashboard's list indexes in schema %s", schema)
+    return applied
 
 
 async def _migrate(

@@ -56,7 +56,7 @@ log = logging.getLogger("runrow.cli")
 async def cmd_migrate(args: argparse.Namespace) -> int:
     from ._migrate import latest_version, migrate
 
-    applied = await migrate(_database_url(args), schema=args.schema)
+    applied = await migrate(_database_url(args), schema=args.schema, dashboard_indexes=args.dashboard_indexes)
     _out(
         args,
         {"schema": args.schema, "applied": applied, "version": latest_version()},

@@ -76,3 +76,25 @@ def apply_migration(schema: str, *, step: Migration) -> Plan[None]:
 def drop(schema: str) -> Plan[None]:
     """Drops ``schema`` and everything in it (runrow.testing's throwaway schemas only)."""
     yield Query(_sql.statement("drop_schema", schema), plain=True)
+
+
+
+def dashboard_indexes(schema: str) -> Plan[None]:
+    """Builds the dashboard's runs-list indexes, concurrently (opt-in since migration 12).
+
+    Run it on an autocommit connection: each ``CREATE INDEX CONCURRENTLY`` is a
+    statement of its own. An index a cancelled build left invalid is not rebuilt by
+    ``IF NOT EXISTS``; it is reported instead, for the operator to drop.
+    """
+    rows = yield Query(_sql.statement("dashboard_indexes_invalid", schema), {"schema": schema}, plain=True)
+    if rows:
+        names = ", ".join(str(r[0]) for r in rows)
+        raise psycopg.errors.ObjectNotInPrerequisiteState(
+            f"invalid index(es) left by an interrupted build: {names}; "
+            f"DROP INDEX CONCURRENTLY each (in schema {schema}), then run this again"
+        )
+    yield Query(_sql.statement("dashboard_index_created", schema), plain=True)
+    yield Query(_sql.statement("dashboard_index_status", schema), plain=True)
+    yield Query(_sql.statement("dashboard_index_tenant", schema), plain=True)
+    yield Query(_sql.statement("dashboard_index_user", schema), plain=True)
+    yield Query(_sql.statement("dashboard_index_worker", schema), plain=True)
