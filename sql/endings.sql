@@ -95,6 +95,11 @@ WITH f AS (
                 ELSE e.payload::jsonb END
     FROM jsonb_to_recordset(%(events)s::jsonb) AS e(run_id uuid, seq integer, type text, payload text)
     JOIN fin ON fin.id = e.run_id
+    RETURNING run_id, CASE WHEN type = 'usage' THEN payload END AS usage
+), usage_rows AS (
+    -- (usage recorded since the run's last flush rides its ending: see usage_rolled)
+    SELECT run_id, usage FROM ev WHERE usage IS NOT NULL
+), {usage_rolled}
 )
 -- The queue wake only when the ending can let an idle worker claim: the conversation
 -- has a next turn waiting, or the tenant has a running cap (a freed place under it).

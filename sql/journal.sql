@@ -4,7 +4,8 @@
 -- Flushes of one or more runs, each written only while its worker still holds the claim.
 -- Returns the runs whose rows landed; the NOTIFY rides the same statement, so a
 -- fenced-out flush writes nothing and announces nothing. The rows come as one JSON
--- array of {run_id, token, seq, type, payload (JSON text)} objects.
+-- array of {run_id, token, seq, type, payload (JSON text)} objects. `usage` events
+-- (RunContext.record_usage) are added to usage_rollup in the same statement.
 WITH ins AS (
     INSERT INTO {schema}.run_event (run_id, seq, type, payload)
     SELECT e.run_id, e.seq, e.type, e.payload::jsonb
@@ -12,7 +13,11 @@ WITH ins AS (
          AS e(run_id uuid, token uuid, seq integer, type text, payload text)
     JOIN {schema}.agent_run a
       ON a.id = e.run_id AND a.claim_token = e.token AND a.status = 'running'
-    RETURNING run_id
+    -- (A usage event's payload only: the rollup's; copying every delta's would cost.)
+    RETURNING run_id, CASE WHEN type = 'usage' THEN payload END AS usage
+), usage_rows AS (
+    SELECT run_id, usage FROM ins WHERE usage IS NOT NULL
+), {usage_rolled}
 )
 SELECT run_id,
        -- notify = false exists to measure what the NOTIFY costs (tails then poll).

@@ -9,7 +9,9 @@
 -- the tenant's / conversation's queued runs are counted (up to the limit only; -1 for
 -- the tenant: below the limit without counting), and with
 -- %(reject_if_busy)s an active turn of the conversation refuses the enqueue; a refused
--- enqueue writes nothing and returns the gate's counts with a NULL id. Race safety comes
+-- enqueue writes nothing and returns the gate's counts with a NULL id. A tenant whose
+-- usage budget for the current period is spent is refused the same way (every enqueue:
+-- the check is cheap, see budget_spent_until). Race safety comes
 -- from the caller: it takes the advisory locks (admission_lock) in an earlier statement
 -- of the same transaction, so this statement's snapshot is taken after them.
 -- Commit order (#17): queue_order is drawn at insert, not at commit, so a turn enqueued
@@ -59,11 +61,28 @@ WITH serial AS (
         CASE WHEN %(reject_if_busy)s::boolean THEN EXISTS (
             SELECT 1 FROM {schema}.agent_run b
             WHERE b.conversation_id = %(conversation_id)s AND b.status IN {live_status})
-        ELSE false END AS busy
+        ELSE false END AS busy,
+        -- The tenant's usage budget (runrow.set_usage_budget), if it has one and the
+        -- current period's usage, as rolled up so far, has reached it: the period's end
+        -- (NULL: not spent, or no budget). Without a budget this is one probe of
+        -- usage_budget's primary key, which finds nothing; with one, a range read of the
+        -- period's rollup rows (one per agent key and hour), never of the journal.
+        (SELECT to_timestamp(((floor(extract(epoch FROM now()) / b.period_seconds) + 1)
+                              * b.period_seconds)::float8)
+         FROM {schema}.usage_budget b
+         CROSS JOIN LATERAL (
+             SELECT coalesce(sum(u.input_tokens + u.output_tokens), 0) AS tokens,
+                    coalesce(sum(u.cost), 0) AS cost
+             FROM {schema}.usage_rollup u
+             WHERE u.tenant_key = b.tenant_key
+               AND u.bucket >= to_timestamp((floor(extract(epoch FROM now()) / b.period_seconds)
+                                             * b.period_seconds)::float8)) s
+         WHERE b.tenant_key = coalesce(%(tenant_id)s::text, '')
+           AND (s.tokens >= b.tokens OR s.cost >= b.cost)) AS budget_spent_until
     FROM serial
 ), admitted AS (
     SELECT 1 FROM gate
-    WHERE NOT gate.busy
+    WHERE NOT gate.busy AND gate.budget_spent_until IS NULL
       AND (gate.tenant_queued IS NULL OR gate.tenant_queued < %(max_queued_tenant)s::integer)
       AND (gate.conversation_queued IS NULL
            OR gate.conversation_queued < %(max_queued_conversation)s::integer)
@@ -95,7 +114,8 @@ WITH serial AS (
 SELECT run.id, run.status, run.conversation_id, run.user_message_id, run.created_at,
        CASE WHEN run.id IS NOT NULL THEN pg_notify(%(wake_channel)s, '') END AS woke,
        EXISTS (SELECT 1 FROM admitted) AS admitted, gate.busy,
-       gate.tenant_queued, gate.conversation_queued
+       gate.tenant_queued, gate.conversation_queued, gate.budget_spent_until,
+       extract(epoch FROM gate.budget_spent_until - now())::float8 AS budget_resets_in
 FROM gate LEFT JOIN run ON true
 
 -- name: admission_lock

@@ -39,9 +39,12 @@ from ._models import (
     QueuePosition,
     Run,
     RunInfo,
+    RunUsage,
     Schedule,
     StopResult,
     TenantPolicy,
+    UsageBudget,
+    UsageTotal,
 )
 from ._observe import Observer
 from ._queries import QueueStats, get_run, list_runs, queue_stats, transcript
@@ -60,6 +63,7 @@ from ._status import RunStatus
 from ._stop import cancel_run, stop_conversation
 from ._tail import tail
 from ._tenants import queue_position, set_tenant_policy, tenant_policies
+from ._usage import get_usage_budget, remove_usage_budget, run_usage, set_usage_budget, usage_totals
 
 __all__ = [
     "Agent",
@@ -91,6 +95,7 @@ __all__ = [
     "RunNotFound",
     "RunStatus",
     "RunTrimmed",
+    "RunUsage",
     "RunView",
     "RunrowError",
     "Schedule",
@@ -102,10 +107,13 @@ __all__ = [
     "StopResult",
     "TenantPolicy",
     "TrimResult",
+    "UsageBudget",
+    "UsageTotal",
     "add_schedule",
     "cancel_run",
     "enqueue",
     "get_run",
+    "get_usage_budget",
     "latest_version",
     "list_runs",
     "list_schedules",
@@ -116,14 +124,18 @@ __all__ = [
     "queue_position",
     "queue_stats",
     "remove_schedule",
+    "remove_usage_budget",
     "resume_schedule",
     "retry_run",
+    "run_usage",
     "set_tenant_policy",
+    "set_usage_budget",
     "stop_conversation",
     "tail",
     "tenant_policies",
     "transcript",
     "trim",
+    "usage_totals",
     "waiting_inputs",
 ]
 

@@ -154,7 +154,7 @@ def enqueue_in(options: EnqueueOptions) -> Plan[Run]:
     gate, _ = yield from _submit(options)
     if gate.run is not None:
         return Run(*gate.run, created=True)
-    found = yield from _find_idempotent(options)
+    found = yield from _read_back(gate, options)  # (refused by a spent usage budget: Overloaded)
     if found is None:  # pragma: no cover - the conflict guarantees a committed row
         raise RunrowError("idempotent enqueue conflicted but the first run is not visible")
     _same_turn(found, options)
@@ -244,6 +244,11 @@ def _refuse(gate: submit.Admission, options: EnqueueOptions) -> Plan[NoReturn]:
     tenant_queued, conversation_queued = gate.tenant_queued, gate.conversation_queued
     if gate.busy:
         raise ConversationBusy(options.conversation_id)
+    if gate.budget_spent_until is not None:
+        wait = max(1, min(86400 * 366, math.ceil(gate.budget_resets_in or 1)))
+        raise Overloaded(
+            "tenant", options.tenant_id, 0, wait, reason="usage_budget", resets_at=gate.budget_spent_until
+        )
     finished, tenant_finished, avg_run = yield from reads.throughput(
         options.schema, tenant_id=options.tenant_id, window_seconds=THROUGHPUT_WINDOW_SECONDS, now=None
     )

@@ -125,23 +125,39 @@ class LeaseLost(RunrowError):
 
 
 class Overloaded(RunrowError):
-    """An enqueue was shed: the tenant or the conversation already has as many queued
-    runs as the limit passed to :func:`runrow.enqueue` allows. Nothing was written.
+    """An enqueue was shed. Nothing was written.
 
-    ``scope`` is ``"tenant"`` or ``"conversation"``, ``limit`` the limit that was hit and
-    ``retry_after`` a hint in whole seconds (at least 1) from recent throughput, fit for
-    an HTTP ``Retry-After`` header with a 429.
+    ``reason`` says why: ``"queue_limit"`` (the tenant or the conversation already has as
+    many queued runs as the limit passed to :func:`runrow.enqueue` allows; ``scope`` is
+    ``"tenant"`` or ``"conversation"`` and ``limit`` the limit that was hit) or
+    ``"usage_budget"`` (the tenant's usage budget for the current period is spent, see
+    :func:`runrow.set_usage_budget`; ``scope`` is ``"tenant"``, ``limit`` is 0 and
+    ``resets_at`` is when the next period starts). ``retry_after`` is a hint in whole
+    seconds (at least 1), fit for an HTTP ``Retry-After`` header with a 429.
     """
 
-    def __init__(self, scope: str, key: str | None, limit: int, retry_after: int) -> None:
+    def __init__(
+        self,
+        scope: str,
+        key: str | None,
+        limit: int,
+        retry_after: int,
+        *,
+        reason: str = "queue_limit",
+        resets_at: object = None,
+    ) -> None:
         what = "the default tenant" if scope == "tenant" and key is None else f"{scope} {key!r}"
-        super().__init__(
-            f"{what} already has {limit} queued run(s), its limit; retry in about {retry_after}s"
-        )
+        if reason == "usage_budget":
+            message = f"{what} has spent its usage budget for this period; retry in about {retry_after}s"
+        else:
+            message = f"{what} already has {limit} queued run(s), its limit; retry in about {retry_after}s"
+        super().__init__(message)
         self.scope = scope
         self.key = key
         self.limit = limit
         self.retry_after = retry_after
+        self.reason = reason
+        self.resets_at = resets_at
 
 
 class ConversationBusy(RunrowError):

@@ -25,6 +25,10 @@ letter, then ASCII letters, digits, ``_``, ``.``, ``:`` or ``-``, at most 64 cha
   child runs (``RunContext.wait_for_children``): ``children`` are their ids, ``first``
   whether the first to end is enough. The run is ``waiting`` until they have ended, then
   runs on with the next seq. Only runrow writes it.
+* ``usage`` ``{"input_tokens": int, "output_tokens": int, "cost": number}`` — what a
+  model call cost (``RunContext.record_usage``; only runrow writes it). It rides the
+  run's next flush (or its ending) and the statement that journals it adds it to the
+  tenant's and agent key's usage rollup.
 * anything else the agent emits (``message_done``, ...) is structural too: it flushes
   pending text and is written at once.
 * ``complete`` ``{"status", "error"?, "reason"?, "uncertain_tool_calls"?}`` — the one
@@ -65,6 +69,7 @@ __all__ = [
     "TERMINAL_EVENT",
     "TOOL_CALL_FINISHED",
     "TOOL_CALL_STARTED",
+    "USAGE",
     "USER_MESSAGE_CREATED",
     "Event",
     "checked_event",
@@ -83,6 +88,7 @@ TERMINAL_EVENT = "complete"
 INPUT_REQUESTED = "input_requested"
 INPUT_PROVIDED = "input_provided"
 CHILDREN_AWAITED = "children_awaited"
+USAGE = "usage"
 KEEPALIVE = "keepalive"  # never stored: a tail's idle marker
 ENDING_REASONS = ("stopped", "stopped_before_start", "deadline_exceeded", "worker_lost", "input_expired")
 """The terminal event's ``reason`` values (see the list above)."""
@@ -139,7 +145,7 @@ def checked_event(event: Mapping[str, Any], max_bytes: int) -> tuple[str, dict[s
             f"type {etype[:MAX_EVENT_TYPE_LENGTH]!r} must be an identifier: an ASCII letter, then "
             f"ASCII letters, digits, '_', '.', ':' or '-', at most {MAX_EVENT_TYPE_LENGTH} characters",
         )
-    if etype in (TERMINAL_EVENT, KEEPALIVE, INPUT_REQUESTED, INPUT_PROVIDED, CHILDREN_AWAITED):
+    if etype in (TERMINAL_EVENT, KEEPALIVE, INPUT_REQUESTED, INPUT_PROVIDED, CHILDREN_AWAITED, USAGE):
         raise InvalidInput("event", f"type {etype!r} is reserved for runrow")
     payload = {k: v for k, v in event.items() if k != "type"}
     if etype == CONTENT_DELTA:

@@ -226,3 +226,62 @@ class ChildResult:
         if self.status == "cancelled":
             raise ChildCancelled(self.run_id, self.status, self.error)
         raise ChildFailed(self.run_id, self.status, self.error)
+
+
+@dataclass(frozen=True, slots=True)
+class UsageTotal:
+    """Usage summed per tenant and agent key (see :func:`runrow.usage_totals`).
+
+    ``tenant_id`` / ``agent_key`` None are the default tenant / agent. Tokens and cost
+    are what the runs' ``RunContext.record_usage`` calls reported, over the period
+    asked for (in whole UTC hours); ``records`` is how many calls that was.
+    """
+
+    tenant_id: str | None
+    agent_key: str | None
+    input_tokens: int
+    output_tokens: int
+    cost: float
+    records: int
+
+    @property
+    def tokens(self) -> int:
+        """Input and output tokens together (what a token budget counts)."""
+        return self.input_tokens + self.output_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class RunUsage:
+    """One run's usage: the sum of the ``usage`` events in its journal (all zero once its
+    journal is trimmed; the tenant's rollup keeps it)."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost: float = 0.0
+    records: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class UsageBudget:
+    """A tenant's usage budget per period (see :func:`runrow.set_usage_budget`).
+
+    ``tokens`` (input plus output) and ``cost`` are the limits (None: not limited);
+    ``period_seconds`` the period (86400: the UTC day; windows aligned to the Unix
+    epoch). ``spent_tokens``, ``spent_cost`` and ``period_ends_at`` are what the tenant has
+    recorded in the current period when it was read, and when that period ends.
+    """
+
+    tenant_id: str | None
+    tokens: int | None
+    cost: float | None
+    period_seconds: int
+    spent_tokens: int = 0
+    spent_cost: float = 0.0
+    period_ends_at: datetime | None = None
+
+    @property
+    def spent(self) -> bool:
+        """Whether the current period's usage has reached a limit (enqueue refuses then)."""
+        return (self.tokens is not None and self.spent_tokens >= self.tokens) or (
+            self.cost is not None and self.spent_cost >= self.cost
+        )

@@ -23,7 +23,7 @@ import psycopg
 from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
-from . import _enqueue, _inputs, _queries, _retry_run, _schedules, _stop, _syncdb, _tenants
+from . import _enqueue, _inputs, _queries, _retry_run, _schedules, _stop, _syncdb, _tenants, _usage
 from ._db import describe
 from ._enqueue_options import DEFAULT_MAX_CONTENT_BYTES, EnqueueOptions, OnBusy
 from ._events import KEEPALIVE, TERMINAL_EVENT, Event
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from datetime import datetime, timedelta
 
     from ._gateway.inputs import PendingInput
-    from ._models import QueuePosition, Run, RunInfo, Schedule, StopResult
+    from ._models import QueuePosition, Run, RunInfo, RunUsage, Schedule, StopResult, UsageBudget, UsageTotal
     from ._schedule_time import CatchUp, Overlap
     from ._syncdb import SyncDatabase
 
@@ -46,16 +46,21 @@ __all__ = [
     "cancel_run",
     "enqueue",
     "get_run",
+    "get_usage_budget",
     "list_schedules",
     "next_fires",
     "pause_schedule",
     "provide_input",
     "queue_position",
     "remove_schedule",
+    "remove_usage_budget",
     "resume_schedule",
     "retry_run",
+    "run_usage",
+    "set_usage_budget",
     "stop_conversation",
     "tail",
+    "usage_totals",
     "waiting_inputs",
 ]
 
@@ -317,3 +322,49 @@ def next_fires(
 ) -> list[datetime] | None:
     """:func:`runrow.next_fires` on a synchronous connection, pool or conninfo."""
     return _syncdb.perform(db, schema, _schedules.next_fires_op(name, n, schema=schema))
+
+
+def usage_totals(
+    db: SyncDatabase,
+    *,
+    tenant: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    schema: str = DEFAULT_SCHEMA,
+) -> list[UsageTotal]:
+    """:func:`runrow.usage_totals` on a synchronous connection, pool or conninfo."""
+    return _syncdb.perform(
+        db, schema, _usage.usage_totals_op(tenant=tenant, since=since, until=until, schema=schema)
+    )
+
+
+def run_usage(db: SyncDatabase, run_id: uuid.UUID | str, *, schema: str = DEFAULT_SCHEMA) -> RunUsage:
+    """:func:`runrow.run_usage` on a synchronous connection, pool or conninfo."""
+    return _syncdb.perform(db, schema, _usage.run_usage_op(run_id, schema=schema))
+
+
+def set_usage_budget(
+    db: SyncDatabase,
+    tenant_id: str | None,
+    *,
+    tokens: int | None = None,
+    cost: float | None = None,
+    per: str | int = "day",
+    schema: str = DEFAULT_SCHEMA,
+) -> UsageBudget:
+    """:func:`runrow.set_usage_budget` on a synchronous connection, pool or conninfo."""
+    return _syncdb.perform(
+        db, schema, _usage.set_usage_budget_op(tenant_id, tokens=tokens, cost=cost, per=per, schema=schema)
+    )
+
+
+def get_usage_budget(
+    db: SyncDatabase, tenant_id: str | None, *, schema: str = DEFAULT_SCHEMA
+) -> UsageBudget | None:
+    """:func:`runrow.get_usage_budget` on a synchronous connection, pool or conninfo."""
+    return _syncdb.perform(db, schema, _usage.get_usage_budget_op(tenant_id, schema=schema))
+
+
+def remove_usage_budget(db: SyncDatabase, tenant_id: str | None, *, schema: str = DEFAULT_SCHEMA) -> bool:
+    """:func:`runrow.remove_usage_budget` on a synchronous connection, pool or conninfo."""
+    return _syncdb.perform(db, schema, _usage.remove_usage_budget_op(tenant_id, schema=schema))

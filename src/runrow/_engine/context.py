@@ -15,6 +15,7 @@ from .._errors import InvalidInput, LeaseLost
 from .._events import CONTENT_DELTA
 from .._gateway import messages, reads
 from .._gateway._exec import run
+from .._usage_check import usage_payload
 from .steps import Steps
 from .tree import Family
 
@@ -101,8 +102,19 @@ class RunContext:
         await self._journal.emit(event)
 
     async def flush(self) -> None:
-        """Writes merged text now instead of waiting for the flush clock."""
+        """Writes merged text (and recorded usage) now instead of waiting for the flush clock."""
         await self._journal.flush()
+
+    def record_usage(self, *, input_tokens: int = 0, output_tokens: int = 0, cost: float = 0.0) -> None:
+        """Records what a model call cost, as a ``usage`` event riding the run's next
+        journal write (its flush clock, a structural event, :meth:`flush` or its ending),
+        which adds it to the tenant's and agent key's rollup in the same statement. Usage
+        recorded by a worker lost before that write is not counted; a resumed run's
+        replay records nothing again. Raises :class:`InvalidInput` naming the field for a
+        negative, non-finite or absurd value (over 10⁹ tokens or 10⁶ cost); nothing is
+        recorded then. See docs/howto/usage.md.
+        """
+        self._journal.record_usage(usage_payload(input_tokens, output_tokens, cost))
 
     async def write_message(self, content: Any, *, role: str = "assistant") -> uuid.UUID:
         """Appends a message to the conversation's durable transcript (fenced).

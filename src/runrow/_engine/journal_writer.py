@@ -12,7 +12,7 @@ import psycopg
 from .. import _aio, _json
 from .._db import HeldConnection, describe, statement_conn
 from .._errors import InvalidInput, LeaseLost
-from .._events import CONTENT_DELTA, TERMINAL_EVENT, checked_event
+from .._events import CONTENT_DELTA, TERMINAL_EVENT, USAGE, checked_event
 from .._gateway import journal as _journal
 from .._gateway._exec import run
 from .._gateway.journal import Appended
@@ -72,6 +72,7 @@ class JournalWriter:
         self._pending_key: str | None = None
         self._pending_parts: list[str] = []
         self._pending_since = 0.0
+        self._usage: list[str] = []  # usage events' JSON, riding the next flush
         self._has_pending = _aio.Event()
         self._answer: list[str] = []
         self.broken: BaseException | None = None
@@ -113,6 +114,13 @@ class JournalWriter:
         if _aio.now() - self._pending_since >= self._interval:
             await self.flush()
 
+    def record_usage(self, payload_json: str) -> None:
+        """Queues a usage event (its checked payload's JSON) for the next flush, whatever
+        makes it: the flush clock, a structural event, an explicit flush or the ending."""
+        self._check()
+        if not self.muted:  # (a resumed run's replay: journaled before the pause)
+            self._usage.append(payload_json)
+
     def answer_mark(self) -> int:
         """A mark of the streamed answer text so far, for :meth:`answer_taken`."""
         return len(self._answer)
@@ -130,12 +138,16 @@ class JournalWriter:
     # -- flushing ---------------------------------------------------------------------
 
     def _take_pending(self) -> list[tuple[str, dict[str, Any] | str]]:
-        if self._pending is None:
-            return []
-        payload = {**self._pending, "delta": "".join(self._pending_parts)}
-        self._pending, self._pending_key, self._pending_parts = None, None, []
-        self._has_pending = _aio.Event()
-        return [(CONTENT_DELTA, payload)]
+        taken: list[tuple[str, dict[str, Any] | str]] = []
+        if self._pending is not None:
+            payload = {**self._pending, "delta": "".join(self._pending_parts)}
+            self._pending, self._pending_key, self._pending_parts = None, None, []
+            self._has_pending = _aio.Event()
+            taken.append((CONTENT_DELTA, payload))
+        if self._usage:
+            taken += [(USAGE, text) for text in self._usage]
+            self._usage = []
+        return taken
 
     def _number(self, events: list[tuple[str, dict[str, Any] | str]]) -> list[tuple[int, str, str]]:
         rows = []

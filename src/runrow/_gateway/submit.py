@@ -36,6 +36,8 @@ class Admission(NamedTuple):
     busy: bool | None
     tenant_queued: int | None
     conversation_queued: int | None
+    budget_spent_until: datetime | None = None
+    budget_resets_in: float | None = None
 
 
 class IdempotentRun(NamedTuple):
@@ -73,9 +75,9 @@ def enqueue(options: EnqueueOptions, *, wake_channel: str, conversation_lock: st
         enqueue_params(options, wake_channel=wake_channel, conversation_lock=conversation_lock),
     )
     # (the gate always yields one row)
-    rid, status, conv, message_id, created_at, _woke, admitted, busy, tenant_queued, conv_queued = row
+    rid, status, conv, message_id, created_at, _woke, admitted, busy, tenant_queued, conv_queued = row[:10]
     run = None if rid is None else RunRef(rid, status, conv, message_id, created_at)
-    return Admission(run, admitted, busy, tenant_queued, conv_queued)
+    return Admission(run, admitted, busy, tenant_queued, conv_queued, row[10], row[11])
 
 
 def enqueue_params(options: EnqueueOptions, *, wake_channel: str, conversation_lock: str) -> dict[str, Any]:
