@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, get_args
 
 from . import __version__
 from ._cli_schedules import add_schedules_parser
+from ._cli_usage import add_stats_parser
 from ._devdb import data_home, default_dir
 from ._names import DEFAULT_SCHEMA
 from ._status import RunStatus
@@ -157,7 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
     rl = rsub.add_parser("list", parents=[common], help="recent runs, newest first")
     rl.add_argument("--conversation", help="only this conversation's runs (default: all)")
     rl.add_argument("--status", choices=get_args(RunStatus), help="only runs in this status (default: any)")
-    rl.add_argument("--parent", metavar="RUN_ID", help="only the child runs this run spawned (default: any run)")
+    rl.add_argument(
+        "--parent", metavar="RUN_ID", help="only the child runs this run spawned (default: any run)"
+    )
     rl.add_argument("--limit", type=int, default=50, help="at most this many runs (default: %(default)s)")
     run_id_help = "the run's id (a UUID, as `runrow runs list` shows)"
     for name, helptext in (
@@ -284,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="trim runs that finished longer ago than this (default: %(default)s)",
     )
 
-    sub.add_parser("stats", parents=[common], help="queue depth, running, outcomes")
+    add_stats_parser(sub, common)
 
     web = sub.add_parser(
         "web",

@@ -290,7 +290,11 @@ def run_text(fields: dict[str, Any], children: Sequence[dict[str, Any]] = ()) ->
         fields = {**fields, "error": f"{error.get('type')}: {error.get('message', '')}"}
     text = "\n".join(f"{k:>18}: {v}" for k, v in fields.items())
     if children:
-        more = f" (the newest {CHILDREN_SHOWN}: runs list --parent lists all)" if len(children) >= CHILDREN_SHOWN else ""
+        more = (
+            f" (the newest {CHILDREN_SHOWN}: runs list --parent lists all)"
+            if len(children) >= CHILDREN_SHOWN
+            else ""
+        )
         text += f"\n\nchildren{more}:\n" + "\n".join(
             f"  {c['id']}  {c.get('agent_key') or '-':<16} {c['status']}" for c in children
         )

@@ -48,7 +48,9 @@ async def migrate(
     if not 0 <= goal <= latest:
         raise InvalidInput("target", f"must be between 0 and {latest}")
     if dashboard_indexes and goal < FIRST_OPT_IN_DASHBOARD:
-        raise InvalidInput("dashboard_indexes", f"needs the schema at version {FIRST_OPT_IN_DASHBOARD} or later")
+        raise InvalidInput(
+            "dashboard_indexes", f"needs the schema at version {FIRST_OPT_IN_DASHBOARD} or later"
+        )
     if isinstance(conninfo, AsyncConnection):
         return await _migrate_then_index(conninfo, schema, steps, goal, dashboard_indexes)
     async with await AsyncConnection.connect(conninfo, autocommit=True) as conn:

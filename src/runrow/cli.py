@@ -38,6 +38,7 @@ from ._cli_support import (
 from ._cli_support import database_url as _database_url
 from ._cli_support import jsonable as _jsonable
 from ._cli_support import out as _out
+from ._cli_usage import cmd_stats
 from ._cli_workers import cmd_workers
 from ._errors import RunrowError
 
@@ -159,6 +160,7 @@ async def cmd_runs(args: argparse.Namespace) -> int:
     from ._retry_run import KEEP, RetryDeadline, retry_run
     from ._stop import cancel_run
     from ._tail import tail
+    from ._usage import run_usage
 
     url = _database_url(args)
     if args.runs_command not in ("list", "waiting"):
@@ -173,10 +175,13 @@ async def cmd_runs(args: argparse.Namespace) -> int:
     elif args.runs_command == "show":
         run = await get_run(url, args.run_id, schema=args.schema)
         children = await list_runs(url, parent_run_id=run.id, limit=CHILDREN_SHOWN, schema=args.schema)
-        _out(args, run, run_text(_jsonable(run), children=[_jsonable(c) for c in reversed(children)]))
+        fields = {**_jsonable(run), "usage": _jsonable(await run_usage(url, args.run_id, schema=args.schema))}
+        _out(args, fields, run_text(fields, children=[_jsonable(c) for c in reversed(children)]))
     elif args.runs_command == "tail":
         prepared = not args.no_prepared_statements
-        async for ev in tail(url, args.run_id, from_seq=args.from_seq, schema=args.schema, prepared_statements=prepared):
+        async for ev in tail(
+            url, args.run_id, from_seq=args.from_seq, schema=args.schema, prepared_statements=prepared
+        ):
             if args.json:
                 print(json.dumps(ev.to_dict()), flush=True)
             elif not ev.keepalive:
@@ -272,18 +277,6 @@ async def cmd_trim(args: argparse.Namespace) -> int:
         _database_url(args), retention=timedelta(hours=args.retention_hours), schema=args.schema
     )
     _out(args, result, f"trimmed {result.events} journal rows of {result.runs} finished runs")
-    return 0
-
-
-async def cmd_stats(args: argparse.Namespace) -> int:
-    from ._queries import queue_stats
-
-    s = await queue_stats(_database_url(args), schema=args.schema)
-    oldest = "-" if s.oldest_queued_seconds is None else f"{s.oldest_queued_seconds:.1f}s"
-    lines = [f"queued {s.queued}  running {s.running}  oldest queued {oldest}"]
-    lines += [f"  {k:<9} {v}" for k, v in sorted(s.by_status.items())]
-    data = {"by_status": s.by_status, "oldest_queued_seconds": s.oldest_queued_seconds}
-    _out(args, data, "\n".join(lines))
     return 0
 
 

@@ -68,8 +68,7 @@ class RunContext:
         """Which attempt of its turn this run is: 1, then one more per retry."""
         self.resumes: int = row.resumes
         """How many times input resumed this run (0 until it has waited for input)."""
-        # (Made at once for a resumed run: its journal is muted until its replay passes
-        # the input it paused on.)
+        # (Made at once for a resumed run: its journal is muted until its replay passes its pause.)
         self._steps: Steps | None = Steps(host, run, journal) if row.resumes else None
         self._messages = 0  # write_message calls: the n-th call's id is fixed (see there)
         self._tree: Family | None = None  # (made at its first spawn or wait)
@@ -97,23 +96,15 @@ class RunContext:
     async def text(self, delta: str, *, stream: str | None = None) -> None:
         """Shorthand for emitting a ``content_delta``."""
         event: dict[str, Any] = {"type": CONTENT_DELTA, "delta": delta}
-        if stream is not None:
-            event["stream"] = stream
-        await self._journal.emit(event)
+        await self._journal.emit(event if stream is None else {**event, "stream": stream})
 
     async def flush(self) -> None:
         """Writes merged text (and recorded usage) now instead of waiting for the flush clock."""
         await self._journal.flush()
 
     def record_usage(self, *, input_tokens: int = 0, output_tokens: int = 0, cost: float = 0.0) -> None:
-        """Records what a model call cost, as a ``usage`` event riding the run's next
-        journal write (its flush clock, a structural event, :meth:`flush` or its ending),
-        which adds it to the tenant's and agent key's rollup in the same statement. Usage
-        recorded by a worker lost before that write is not counted; a resumed run's
-        replay records nothing again. Raises :class:`InvalidInput` naming the field for a
-        negative, non-finite or absurd value (over 10⁹ tokens or 10⁶ cost); nothing is
-        recorded then. See docs/howto/usage.md.
-        """
+        """Records a model call's usage: a ``usage`` event riding the run's next journal write
+        (docs/howto/usage.md). :class:`InvalidInput` names a negative, non-finite or absurd field."""
         self._journal.record_usage(usage_payload(input_tokens, output_tokens, cost))
 
     async def write_message(self, content: Any, *, role: str = "assistant") -> uuid.UUID:

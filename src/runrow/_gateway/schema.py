@@ -78,7 +78,6 @@ def drop(schema: str) -> Plan[None]:
     yield Query(_sql.statement("drop_schema", schema), plain=True)
 
 
-
 def dashboard_indexes(schema: str) -> Plan[None]:
     """Builds the dashboard's runs-list indexes, concurrently (opt-in since migration 12).
 

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 from .._gateway import admin as gw
+from .._gateway import usage as gw_usage
 from .._gateway._exec import run
 from ._html import Html, e, join, table, ts
 
@@ -136,6 +137,11 @@ class HealthPage:
                     self.state.schema, tenant_id=tenant, window_seconds=WINDOW, bucket_seconds=BUCKET
                 ),
             )
+            since = datetime.now(UTC) - timedelta(seconds=WINDOW)
+            usage = await run(
+                conn, gw_usage.usage_totals(self.state.schema, tenant_key=tenant, since=since, until=None)
+            )
+            budgets = await run(conn, gw_usage.usage_budgets(self.state.schema, tenant_key=tenant))
         now = datetime.now(UTC)
         queued = sum(t.queued for t in tenants)
         running = sum(t.running for t in tenants)
@@ -163,6 +169,39 @@ class HealthPage:
                     for t in tenants
                 ],
                 empty="Nothing queued or running.",
+            ),
+            Html('</section><section aria-labelledby="usage-h"><h2 id="usage-h">Usage</h2>'),
+            table(
+                f"Usage per tenant and agent, last {int(WINDOW // 3600)} h (whole hours)",
+                ("Tenant", "Agent", "Input tokens", "Output tokens", "Cost", "Records"),
+                [
+                    (
+                        u.tenant_id or "(none)",
+                        u.agent_key or "(default)",
+                        u.input_tokens,
+                        u.output_tokens,
+                        f"{u.cost:g}",
+                        u.records,
+                    )
+                    for u in usage
+                ],
+                empty="No usage recorded.",
+            ),
+            table(
+                "Usage budgets (this period)",
+                ("Tenant", "Per", "Tokens", "Cost", "Period ends", "State"),
+                [
+                    (
+                        b.tenant_id or "(none)",
+                        f"{b.period_seconds // 3600} h",
+                        "-" if b.tokens is None else f"{b.spent_tokens} of {b.tokens}",
+                        "-" if b.cost is None else f"{b.spent_cost:g} of {b.cost:g}",
+                        ts(b.period_ends_at),
+                        "spent: enqueue refused" if b.spent else "ok",
+                    )
+                    for b in budgets
+                ],
+                empty="No usage budget set.",
             ),
             Html('</section><section aria-labelledby="workers-h"><h2 id="workers-h">Workers</h2>'),
             table(

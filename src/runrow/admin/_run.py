@@ -77,8 +77,9 @@ class RunPage:
         children = await runrow.list_runs(
             self.state.pool, parent_run_id=info.id, limit=CHILDREN_SHOWN, schema=self.state.schema
         )
+        usage = await runrow.run_usage(self.state.pool, info.id, schema=self.state.schema)
         base = self.state.base(request)
-        parts = [self._summary(base, info), self._actions(base, info, access)]
+        parts = [self._summary(base, info, usage), self._actions(base, info, access)]
         parts.append(self._timeline(info, terminal))
         parts.append(
             Html(
@@ -215,7 +216,7 @@ class RunPage:
         )
 
     @staticmethod
-    def _summary(base: str, info: runrow.RunInfo) -> Html:
+    def _summary(base: str, info: runrow.RunInfo, usage: runrow.RunUsage) -> Html:
         items = [
             ("Status", status(info.status)),
             ("Conversation", link(conversation_url(base, info.conversation_id), info.conversation_id)),
@@ -225,6 +226,11 @@ class RunPage:
             ("Version", info.version or "-"),
             ("Priority", info.priority),
             ("Cancel requested", "yes" if info.cancel_requested else "no"),
+            (
+                "Usage",
+                f"{usage.input_tokens} in, {usage.output_tokens} out tokens, cost {usage.cost:g} "
+                f"({usage.records} records)",
+            ),
         ]
         if info.parent_run_id is not None:  # a sub-agent: its parent, and its tree's root
             items.append(("Agent", info.agent_key or "-"))

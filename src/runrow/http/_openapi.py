@@ -203,6 +203,17 @@ SCHEMAS: dict[str, Any] = {
                 "description": "The code version the run started with (its first worker's; a retry "
                 "keeps its turn's); null if unversioned or not yet claimed.",
             },
+            "usage": {
+                "type": "object",
+                "description": "What the run recorded with RunContext.record_usage (GET /v1/runs/{run_id} "
+                "only; zero once its journal is trimmed).",
+                "properties": {
+                    "input_tokens": {"type": "integer"},
+                    "output_tokens": {"type": "integer"},
+                    "cost": {"type": "number"},
+                    "records": {"type": "integer"},
+                },
+            },
             "events_url": {"type": "string"},
         },
     },

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from starlette.responses import JSONResponse, Response
@@ -55,7 +56,8 @@ class RunRoutes:
     )
     async def get_run(self, request: Request) -> Response:
         info = await self.api.own_run(request, await self.api.user(request))
-        return JSONResponse(_turns.run_json(info, self.api.base(request)))
+        usage = await runrow.run_usage(self.api.pool, info.id, schema=self.api.schema)
+        return JSONResponse({**_turns.run_json(info, self.api.base(request)), "usage": asdict(usage)})
 
     @documented(
         Doc(
