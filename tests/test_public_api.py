@@ -49,6 +49,9 @@ EXPECTED = {
     "StepUncertain",
     "StopResult",
     "TenantPolicy",
+    "UsageBudget",
+    "UsageTotal",
+    "RunUsage",
     "TrimResult",
     "add_schedule",
     "cancel_run",
@@ -67,6 +70,11 @@ EXPECTED = {
     "resume_schedule",
     "retry_run",
     "set_tenant_policy",
+    "get_usage_budget",
+    "remove_usage_budget",
+    "run_usage",
+    "set_usage_budget",
+    "usage_totals",
     "stop_conversation",
     "tail",
     "tenant_policies",
@@ -131,6 +139,11 @@ def test_the_sync_module_is_the_expected_api() -> None:
         "stop_conversation",
         "tail",
         "waiting_inputs",
+        "get_usage_budget",
+        "remove_usage_budget",
+        "run_usage",
+        "set_usage_budget",
+        "usage_totals",
     }
     assert (sync.__doc__ or "").strip()
     for name in sync.__all__:

@@ -35,6 +35,7 @@ SCHEDULE_APIS = (
     "remove_schedule",
     "resume_schedule",
 )
+USAGE_APIS = ("get_usage_budget", "remove_usage_budget", "run_usage", "set_usage_budget", "usage_totals")
 APIS = (
     "cancel_run",
     "enqueue",
@@ -45,6 +46,7 @@ APIS = (
     "stop_conversation",
     "waiting_inputs",
     *SCHEDULE_APIS,
+    *USAGE_APIS,
 )
 
 
@@ -108,7 +110,16 @@ for _name in APIS:
                 args = (dsn, "s")
             elif _n == "provide_input":
                 args = (dsn, uuid.uuid4(), "k", True)
+            elif _n in USAGE_APIS:
+                args = (
+                    (dsn, uuid.uuid4())
+                    if _n == "run_usage"
+                    else (dsn,)
+                    if _n == "usage_totals"
+                    else (dsn, "t")
+                )
             extra = turn() if _n == "enqueue" else turn(every=60) if _n == "add_schedule" else {}
+            extra = {"tokens": 1} if _n == "set_usage_budget" else extra
             return _n, args, {"schema": _s, **extra}
 
         _schema_case.__name__ = f"{_name}_{_label}"
@@ -131,6 +142,21 @@ for _label, _rid in (("unknown_run", uuid.UUID(int=7)), ("not_a_uuid", "not-a-uu
 
     _unknown_input.__name__ = f"provide_input_{_label}"
     case("RunNotFound")(_unknown_input)
+
+
+@case("InvalidInput")
+async def usage_budget_with_a_period_that_is_not_whole_hours(dsn: str, schema: str, conn: Any) -> Any:
+    return "set_usage_budget", (dsn, "t"), {"tokens": 1, "per": 1800, "schema": schema}
+
+
+@case("ok")
+async def usage_budget_set(dsn: str, schema: str, conn: Any) -> Any:
+    return "set_usage_budget", (dsn, "t"), {"tokens": 5, "cost": 1.5, "per": "hour", "schema": schema}
+
+
+@case("ok")
+async def usage_totals_of_a_tenant_with_none(dsn: str, schema: str, conn: Any) -> Any:
+    return "usage_totals", (dsn,), {"tenant": "t", "schema": schema}
 
 
 @case("NotWaitingForInput")
