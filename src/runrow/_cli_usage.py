@@ -25,7 +25,11 @@ def add_stats_parser(
         default=24.0,
         help="sum usage over the last N hours, in whole UTC hours (default: %(default)s)",
     )
-    s.add_argument("--tenant", default=None, help="only this tenant's usage ('' for the default tenant)")
+    s.add_argument(
+        "--tenant",
+        default=None,
+        help="only this tenant's usage ('' for the default tenant; default: every tenant)",
+    )
 
 
 async def cmd_stats(args: argparse.Namespace) -> int:
