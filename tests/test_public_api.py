@@ -32,6 +32,7 @@ EXPECTED = {
     "PendingInput",
     "QueuePosition",
     "QueueStats",
+    "RateLimit",
     "RetryPolicy",
     "Run",
     "RunContext",
@@ -55,6 +56,7 @@ EXPECTED = {
     "enqueue",
     "get_run",
     "latest_version",
+    "list_rate_limits",
     "list_runs",
     "list_schedules",
     "migrate",
@@ -63,9 +65,11 @@ EXPECTED = {
     "provide_input",
     "queue_position",
     "queue_stats",
+    "remove_rate_limit",
     "remove_schedule",
     "resume_schedule",
     "retry_run",
+    "set_rate_limit",
     "set_tenant_policy",
     "stop_conversation",
     "tail",
@@ -116,6 +120,9 @@ def test_the_sync_module_is_the_expected_api() -> None:
     from runrow import sync
 
     assert set(sync.__all__) == {
+        "list_rate_limits",
+        "remove_rate_limit",
+        "set_rate_limit",
         "add_schedule",
         "list_schedules",
         "next_fires",

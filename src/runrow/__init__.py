@@ -31,12 +31,14 @@ from ._errors import (
 from ._events import Event
 from ._hub import NotifyHub
 from ._inputs import PendingInput, provide_input, waiting_inputs
+from ._limits import list_rate_limits, remove_rate_limit, set_rate_limit
 from ._migrate import latest_version, migrate
 from ._models import (
     ChildResult,
     Draft,
     Message,
     QueuePosition,
+    RateLimit,
     Run,
     RunInfo,
     Schedule,
@@ -84,6 +86,7 @@ __all__ = [
     "PendingInput",
     "QueuePosition",
     "QueueStats",
+    "RateLimit",
     "RetryPolicy",
     "Run",
     "RunContext",
@@ -107,6 +110,7 @@ __all__ = [
     "enqueue",
     "get_run",
     "latest_version",
+    "list_rate_limits",
     "list_runs",
     "list_schedules",
     "migrate",
@@ -115,9 +119,11 @@ __all__ = [
     "provide_input",
     "queue_position",
     "queue_stats",
+    "remove_rate_limit",
     "remove_schedule",
     "resume_schedule",
     "retry_run",
+    "set_rate_limit",
     "set_tenant_policy",
     "stop_conversation",
     "tail",

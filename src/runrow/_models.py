@@ -226,3 +226,19 @@ class ChildResult:
         if self.status == "cancelled":
             raise ChildCancelled(self.run_id, self.status, self.error)
         raise ChildFailed(self.run_id, self.status, self.error)
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimit:
+    """A key's rate limit and gate (see :func:`runrow.set_rate_limit`).
+
+    ``runs`` starts are allowed per window of ``per_seconds`` (both None: the key has only a
+    gate); ``window_start`` and ``used`` are the open window and the starts counted in it;
+    ``gate_until`` is when a shut gate (:class:`runrow.RetryLater` with a key) opens."""
+
+    key: str
+    runs: int | None
+    per_seconds: float | None
+    window_start: datetime | None = None
+    used: int = 0
+    gate_until: datetime | None = None
