@@ -49,6 +49,7 @@ from ._observe import Observer
 from ._queries import QueueStats, get_run, list_runs, queue_stats, transcript
 from ._retention import TrimResult, trim
 from ._retry import RetryPolicy
+from ._retry_later import RetryLater, retry_later_from
 from ._retry_run import retry_run
 from ._schedules import (
     add_schedule,
@@ -87,6 +88,7 @@ __all__ = [
     "QueuePosition",
     "QueueStats",
     "RateLimit",
+    "RetryLater",
     "RetryPolicy",
     "Run",
     "RunContext",
@@ -122,6 +124,7 @@ __all__ = [
     "remove_rate_limit",
     "remove_schedule",
     "resume_schedule",
+    "retry_later_from",
     "retry_run",
     "set_rate_limit",
     "set_tenant_policy",

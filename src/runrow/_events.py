@@ -25,6 +25,10 @@ letter, then ASCII letters, digits, ``_``, ``.``, ``:`` or ``-``, at most 64 cha
   child runs (``RunContext.wait_for_children``): ``children`` are their ids, ``first``
   whether the first to end is enough. The run is ``waiting`` until they have ended, then
   runs on with the next seq. Only runrow writes it.
+* ``retry_later`` ``{"after", "key"}`` — the agent raised ``runrow.RetryLater``: the run
+  went back to the queue, due in ``after`` seconds (with ``key``, that key's gate shut as
+  long), spending no attempt; it runs on with the next seq when claimed again. Only
+  runrow writes it.
 * anything else the agent emits (``message_done``, ...) is structural too: it flushes
   pending text and is written at once.
 * ``complete`` ``{"status", "error"?, "reason"?, "uncertain_tool_calls"?}`` — the one
@@ -61,6 +65,7 @@ __all__ = [
     "INPUT_PROVIDED",
     "INPUT_REQUESTED",
     "KEEPALIVE",
+    "RETRY_LATER",
     "RUN_QUEUED",
     "TERMINAL_EVENT",
     "TOOL_CALL_FINISHED",
@@ -83,6 +88,7 @@ TERMINAL_EVENT = "complete"
 INPUT_REQUESTED = "input_requested"
 INPUT_PROVIDED = "input_provided"
 CHILDREN_AWAITED = "children_awaited"
+RETRY_LATER = "retry_later"
 KEEPALIVE = "keepalive"  # never stored: a tail's idle marker
 ENDING_REASONS = ("stopped", "stopped_before_start", "deadline_exceeded", "worker_lost", "input_expired")
 """The terminal event's ``reason`` values (see the list above)."""
@@ -139,7 +145,7 @@ def checked_event(event: Mapping[str, Any], max_bytes: int) -> tuple[str, dict[s
             f"type {etype[:MAX_EVENT_TYPE_LENGTH]!r} must be an identifier: an ASCII letter, then "
             f"ASCII letters, digits, '_', '.', ':' or '-', at most {MAX_EVENT_TYPE_LENGTH} characters",
         )
-    if etype in (TERMINAL_EVENT, KEEPALIVE, INPUT_REQUESTED, INPUT_PROVIDED, CHILDREN_AWAITED):
+    if etype in (TERMINAL_EVENT, KEEPALIVE, INPUT_REQUESTED, INPUT_PROVIDED, CHILDREN_AWAITED, RETRY_LATER):
         raise InvalidInput("event", f"type {etype!r} is reserved for runrow")
     payload = {k: v for k, v in event.items() if k != "type"}
     if etype == CONTENT_DELTA:
