@@ -195,3 +195,12 @@ def test_bad_retry_later_is_refused(kw: dict[str, Any], field: str) -> None:
     with pytest.raises(runrow.InvalidInput) as e:
         runrow.RetryLater(**kw)
     assert e.value.field == field
+
+
+@pytest.mark.parametrize("etype", ["retry_later", "complete", "children_awaited"])
+def test_an_agent_cannot_emit_runrows_own_events(etype: str) -> None:
+    from runrow._events import RETRY_LATER, validate_event
+
+    assert RETRY_LATER == "retry_later"
+    with pytest.raises(runrow.InvalidInput, match="reserved"):
+        validate_event({"type": etype}, 100)
