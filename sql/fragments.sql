@@ -43,8 +43,9 @@ limit_keys AS (
 ), limit_wanted AS (
     SELECT lk.key, count(*)::integer AS n FROM limit_keys lk GROUP BY lk.key
 ), limit_locked AS (
+    -- (Keys as an array: probes of the primary key, never a scan of every limit.)
     SELECT l.key FROM {schema}.rate_limit l
-    WHERE l.key IN (SELECT w.key FROM limit_wanted w)
+    WHERE l.key = ANY (ARRAY(SELECT w.key FROM limit_wanted w))
     ORDER BY l.key
     FOR UPDATE OF l
 ), limit_granted AS (
@@ -74,8 +75,8 @@ limit_keys AS (
                                   <= coalesce(%(now)s::timestamptz, clock_timestamp())
                           THEN least(w.n, l.runs)
                           ELSE least(w.n, greatest(0, l.runs - l.used)) END
-    FROM limit_wanted w JOIN limit_locked lo ON lo.key = w.key
-    WHERE l.key = w.key
+    FROM limit_wanted w
+    WHERE l.key = ANY (ARRAY(SELECT lo.key FROM limit_locked lo)) AND l.key = w.key
     RETURNING l.key, l.last_grant
 ), allowed AS (
     SELECT c.id FROM candidate c WHERE NOT (SELECT o.any_limit FROM limits_on o)
