@@ -37,9 +37,11 @@ def add_limits_parser(
         "key", metavar="KEY", help="tenant:<tenant_id>, agent:<agent_key> or an enqueue's limit_key"
     )
     st.add_argument("runs", metavar="RUNS", type=int, help="runs that may start per window")
-    st.add_argument("--per", type=float, required=True, help="the window, in seconds")
+    st.add_argument(
+        "--per", type=float, required=True, help="the window, in seconds (default: none, required)"
+    )
     rm = lsub.add_parser("remove", parents=[common], help="remove KEY's limit")
-    rm.add_argument("key", metavar="KEY")
+    rm.add_argument("key", metavar="KEY", help="the key whose limit goes")
 
 
 def _lines(found: list[RateLimit]) -> str:
