@@ -37,19 +37,22 @@
 -- planning the whole statement again on every call (about half of the claim's cost).
 WITH RECURSIVE lim (n) AS (
     SELECT %(limit)s::bigint
+), limits_on (any_limit) AS (
+    -- Is any rate limit or gate defined? (Read once: see the limits_open fragment.)
+    SELECT EXISTS (SELECT 1 FROM {schema}.rate_limit)
 ), tenants (tenant_key, id, priority, queue_order, conversation_id, not_before, version, resumes,
-             lineage_id, agent_key) AS (
+             lineage_id, agent_key, limit_key) AS (
     -- The skip scan: each tenant's first queued run in claim order, one index probe per
     -- tenant. The row itself comes along (its heap tuple), so a tenant that offers just
     -- its first run (most of them, with many tenants) needs no second probe below.
     (SELECT r.tenant_key, r.id, r.priority, r.queue_order, r.conversation_id, r.not_before, r.version,
-            r.resumes, r.lineage_id, r.agent_key
+            r.resumes, r.lineage_id, r.agent_key, r.limit_key
      FROM {schema}.agent_run r
      WHERE r.status = 'queued' ORDER BY r.tenant_key, r.priority DESC, r.queue_order LIMIT 1)
     UNION ALL
     SELECT n.* FROM tenants t CROSS JOIN LATERAL (
         SELECT r.tenant_key, r.id, r.priority, r.queue_order, r.conversation_id, r.not_before, r.version,
-               r.resumes, r.lineage_id, r.agent_key
+               r.resumes, r.lineage_id, r.agent_key, r.limit_key
         FROM {schema}.agent_run r
         WHERE r.status = 'queued' AND r.tenant_key > t.tenant_key
         ORDER BY r.tenant_key, r.priority DESC, r.queue_order LIMIT 1) n
@@ -89,6 +92,14 @@ WITH RECURSIVE lim (n) AS (
     SELECT t.tenant_key, t.id, t.priority, t.queue_order,
            (t.not_before IS NULL OR t.not_before <= coalesce(%(now)s::timestamptz, now()))
            AND (%(serves_default)s::bool AND t.agent_key IS NULL OR t.agent_key = ANY (%(agent_keys)s::text[]))
+           AND (NOT (SELECT o.any_limit FROM limits_on o) OR NOT EXISTS (  -- limits_open, of t
+               SELECT 1 FROM {schema}.rate_limit l
+               WHERE l.key IN ('tenant:' || t.tenant_key, 'agent:' || t.agent_key, t.limit_key)
+                 AND (l.gate_until > coalesce(%(now)s::timestamptz, clock_timestamp())
+                      OR (l.used >= l.runs
+                          AND l.window_start + make_interval(secs => l.per_seconds)
+                              > coalesce(%(now)s::timestamptz, clock_timestamp())))
+               OFFSET 0))
            AND (NOT %(same_version)s::bool OR t.version IS NOT DISTINCT FROM %(version)s::text
                    OR (t.resumes = 0 AND (t.lineage_id IS NULL OR NOT EXISTS (
                        SELECT 1 FROM {schema}.run_step s WHERE s.lineage_id = t.lineage_id OFFSET 0))))
@@ -121,6 +132,7 @@ WITH RECURSIVE lim (n) AS (
         WHERE r.status = 'queued' AND r.tenant_key = s.tenant_key
           AND (r.not_before IS NULL OR r.not_before <= coalesce(%(now)s::timestamptz, now()))
           AND (%(serves_default)s::bool AND r.agent_key IS NULL OR r.agent_key = ANY (%(agent_keys)s::text[]))
+          AND {limits_open}
           AND (NOT %(same_version)s::bool OR r.version IS NOT DISTINCT FROM %(version)s::text
                  OR (r.resumes = 0 AND (r.lineage_id IS NULL OR NOT EXISTS (
                      SELECT 1 FROM {schema}.run_step s WHERE s.lineage_id = r.lineage_id OFFSET 0))))
@@ -156,7 +168,7 @@ WITH RECURSIVE lim (n) AS (
     -- a burst had the planner scan a whole queue index believed empty, with the ids as a
     -- filter, rather than probe the primary key: 100,000 rows read per claim. By
     -- queue_order, as before, it did the same with agent_run_fair_idx.)
-    SELECT a.id
+    SELECT a.id, a.queue_order, a.tenant_key, a.agent_key, a.limit_key
     FROM {schema}.agent_run a
     WHERE a.id = ANY ((SELECT ids FROM picked)::uuid[]) AND (a.status = 'queued') IS TRUE
     ORDER BY array_position((SELECT ids FROM picked)::uuid[], a.id)
@@ -171,11 +183,12 @@ WITH RECURSIVE lim (n) AS (
     FROM share s
     WHERE (SELECT count(*) FROM share) = 1
 ), solo_candidate AS (
-    SELECT r.id
+    SELECT r.id, r.queue_order, r.tenant_key, r.agent_key, r.limit_key
     FROM {schema}.agent_run r
     WHERE r.status = 'queued' AND r.tenant_key = (SELECT tenant_key FROM solo)
       AND (r.not_before IS NULL OR r.not_before <= coalesce(%(now)s::timestamptz, now()))
       AND (%(serves_default)s::bool AND r.agent_key IS NULL OR r.agent_key = ANY (%(agent_keys)s::text[]))
+      AND {limits_open}
       AND (NOT %(same_version)s::bool OR r.version IS NOT DISTINCT FROM %(version)s::text
            OR (r.resumes = 0 AND (r.lineage_id IS NULL OR NOT EXISTS (
                SELECT 1 FROM {schema}.run_step s WHERE s.lineage_id = r.lineage_id OFFSET 0))))
@@ -192,10 +205,10 @@ WITH RECURSIVE lim (n) AS (
     LIMIT (SELECT room FROM solo)
     FOR UPDATE OF r SKIP LOCKED
 ), candidate AS (
-    SELECT id FROM solo_candidate
+    SELECT * FROM solo_candidate
     UNION ALL
-    SELECT id FROM fair_candidate WHERE NOT EXISTS (SELECT 1 FROM solo)
-)
+    SELECT * FROM fair_candidate WHERE NOT EXISTS (SELECT 1 FROM solo)
+), {limits_grant}
 UPDATE {schema}.agent_run a SET
     status            = 'running',
     claim_token       = gen_random_uuid(),
@@ -209,7 +222,7 @@ UPDATE {schema}.agent_run a SET
     last_heartbeat_at = coalesce(%(now)s::timestamptz, clock_timestamp())
 -- (By primary key from an array, not joined: joined, a long queue's estimates could
 -- turn the join into a hash of the whole table.)
-WHERE a.id = ANY (ARRAY(SELECT id FROM candidate))
+WHERE a.id = ANY (ARRAY(SELECT id FROM allowed))
 RETURNING a.id, a.claim_token, a.conversation_id, a.user_id, a.tenant_id, a.request,
     a.user_message_id, a.cancel_requested, a.created_at, a.started_at, a.deadline_at, a.priority,
     a.lineage_id, a.attempt, a.resumes,
@@ -223,12 +236,15 @@ RETURNING a.id, a.claim_token, a.conversation_id, a.user_id, a.tenant_id, a.requ
 -- (The batch size goes through a CTE for the reason given at the fair claim.)
 WITH lim (n) AS (
     SELECT %(limit)s::bigint
+), limits_on (any_limit) AS (
+    SELECT EXISTS (SELECT 1 FROM {schema}.rate_limit)
 ), candidate AS (
-    SELECT r.id
+    SELECT r.id, r.queue_order, r.tenant_key, r.agent_key, r.limit_key
     FROM {schema}.agent_run r
     WHERE r.status = 'queued' AND r.queue_order > 0  -- (agent_run_queued_idx: migration 0003)
       AND (r.not_before IS NULL OR r.not_before <= coalesce(%(now)s::timestamptz, now()))
       AND (%(serves_default)s::bool AND r.agent_key IS NULL OR r.agent_key = ANY (%(agent_keys)s::text[]))
+      AND {limits_open}
       AND (NOT %(same_version)s::bool OR r.version IS NOT DISTINCT FROM %(version)s::text
            OR (r.resumes = 0 AND (r.lineage_id IS NULL OR NOT EXISTS (
                SELECT 1 FROM {schema}.run_step s WHERE s.lineage_id = r.lineage_id OFFSET 0))))
@@ -244,7 +260,7 @@ WITH lim (n) AS (
     ORDER BY r.queue_order
     LIMIT (SELECT n FROM lim)
     FOR UPDATE SKIP LOCKED
-)
+), {limits_grant}
 UPDATE {schema}.agent_run a SET
     status            = 'running',
     claim_token       = gen_random_uuid(),
@@ -256,7 +272,7 @@ UPDATE {schema}.agent_run a SET
     worker_version    = %(version)s,
     started_at        = coalesce(%(now)s::timestamptz, clock_timestamp()),
     last_heartbeat_at = coalesce(%(now)s::timestamptz, clock_timestamp())
-WHERE a.id = ANY (ARRAY(SELECT id FROM candidate))  -- (by primary key, as in the fair claim)
+WHERE a.id = ANY (ARRAY(SELECT id FROM allowed))  -- (by primary key, as in the fair claim)
 RETURNING a.id, a.claim_token, a.conversation_id, a.user_id, a.tenant_id, a.request,
     a.user_message_id, a.cancel_requested, a.created_at, a.started_at, a.deadline_at, a.priority,
     a.lineage_id, a.attempt, a.resumes,

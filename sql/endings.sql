@@ -19,7 +19,8 @@
 WITH f AS (
     SELECT * FROM jsonb_to_recordset(%(runs)s::jsonb)
              AS f(id uuid, token uuid, status text, error text, partial text, partial_id uuid,
-                  retry boolean, input_timeout float8, awaiting uuid[], await_any boolean)
+                  retry boolean, input_timeout float8, awaiting uuid[], await_any boolean,
+                  retry_after float8, gate_key text)
 ), locked AS (
     -- (in id order, as every batched writer: see heartbeat)
     SELECT a.id FROM {schema}.agent_run a JOIN f ON a.id = f.id AND a.claim_token = f.token
@@ -37,13 +38,13 @@ WITH f AS (
     -- see the fragment woke_parents), is queued again at once instead (status queued,
     -- unclaimed, one more resume). Its park event is written as for any park.
     UPDATE {schema}.agent_run a SET
-        status            = CASE WHEN f.status IN ('waiting', 'failed') AND a.cancel_requested
+        status            = CASE WHEN f.status IN ('waiting', 'failed', 'queued') AND a.cancel_requested
                                  THEN 'cancelled'
                                  WHEN {children_done_at_park} THEN 'queued'
                                  ELSE f.status END,
         error             = CASE WHEN a.cancel_requested AND f.status = 'failed' THEN NULL
                                  ELSE f.error::jsonb END,
-        finished_at       = CASE WHEN f.status = 'waiting' AND NOT a.cancel_requested THEN NULL
+        finished_at       = CASE WHEN f.status IN ('waiting', 'queued') AND NOT a.cancel_requested THEN NULL
                                  ELSE now() END,
         -- (The wait ends at its input timeout or the turn's deadline, whichever is first:
         -- least() skips a NULL.)
@@ -55,9 +56,14 @@ WITH f AS (
                                  THEN f.awaiting END,
         await_any         = CASE WHEN f.status = 'waiting' AND NOT {children_done_at_park}
                                  THEN f.await_any END,
-        claim_token       = CASE WHEN {children_done_at_park} THEN NULL ELSE a.claim_token END,
-        claim_expires_at  = CASE WHEN {children_done_at_park} THEN NULL ELSE a.claim_expires_at END,
-        resumes           = CASE WHEN {children_done_at_park} THEN a.resumes + 1 ELSE a.resumes END
+        claim_token       = CASE WHEN {children_done_at_park} OR {queued_later} THEN NULL ELSE a.claim_token END,
+        claim_expires_at  = CASE WHEN {children_done_at_park} OR {queued_later} THEN NULL
+                                 ELSE a.claim_expires_at END,
+        resumes           = CASE WHEN {children_done_at_park} OR {queued_later} THEN a.resumes + 1
+                                 ELSE a.resumes END,
+        -- (RetryLater: due again after its wait; the claim reads not_before.)
+        not_before        = CASE WHEN {queued_later} THEN now() + make_interval(secs => f.retry_after)
+                                 ELSE a.not_before END
     FROM f
     WHERE a.id = ANY (ARRAY(SELECT id FROM locked))
       AND a.id = f.id AND a.claim_token = f.token AND a.status = 'running'
@@ -66,6 +72,16 @@ WITH f AS (
     RETURNING a.id, a.conversation_id, a.tenant_key, f.partial, f.partial_id, a.status, a.input_deadline_at,
               f.retry IS TRUE AND NOT a.cancel_requested AS retry, f.status AS asked
 ), {retried}
+), gate AS (
+    -- RetryLater with a key: the key's gate shuts until the latest wait asked for (a row
+    -- without a limit if the key has none; the claim passes over its queued runs meanwhile).
+    INSERT INTO {schema}.rate_limit AS l (key, gate_until)
+    SELECT f.gate_key, max(now() + make_interval(secs => f.retry_after))
+    FROM f JOIN fin ON fin.id = f.id AND fin.status = 'queued'
+    WHERE f.status = 'queued' AND f.gate_key IS NOT NULL
+    GROUP BY f.gate_key
+    ON CONFLICT (key) DO UPDATE
+        SET gate_until = greatest(l.gate_until, EXCLUDED.gate_until)
 ), answer AS (
     -- Streamed text the agent never wrote to the transcript: its answer if the run
     -- completed (or what it said before it paused for input), a partial answer if it
@@ -85,9 +101,9 @@ WITH f AS (
     INSERT INTO {schema}.run_event (run_id, seq, type, payload)
     -- (A park's input_requested says when the wait ends, on the database's clock.)
     SELECT e.run_id, e.seq,
-           CASE WHEN e.type IN ('input_requested', 'children_awaited') AND fin.status = 'cancelled'
+           CASE WHEN e.type IN ('input_requested', 'children_awaited', 'retry_later') AND fin.status = 'cancelled'
                 THEN 'complete' ELSE e.type END,
-           CASE WHEN e.type IN ('input_requested', 'children_awaited', 'complete')
+           CASE WHEN e.type IN ('input_requested', 'children_awaited', 'retry_later', 'complete')
                      AND fin.status = 'cancelled' AND fin.asked <> 'cancelled'
                 THEN jsonb_build_object('status', 'cancelled', 'reason', 'stopped')
                 WHEN e.type = 'input_requested'
@@ -309,6 +325,10 @@ retried AS (
     SELECT id, 2, 'run_queued', jsonb_build_object('run_id', id, 'retry_of', retry_of, 'attempt', attempt)
     FROM retried
 
+
+-- fragment: queued_later
+-- (In finalize's UPDATE of a run: the agent raised RetryLater, and no stop was asked for.)
+(f.status = 'queued' AND f.retry_after IS NOT NULL AND NOT a.cancel_requested)
 
 -- fragment: children_done_at_park
 -- (In finalize's UPDATE of a run: a park on children, f.awaiting, whose wait is already

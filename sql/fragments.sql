@@ -41,3 +41,83 @@ usage_rolled AS (
         output_tokens = u.output_tokens + excluded.output_tokens,
         cost          = u.cost + excluded.cost,
         records       = u.records + excluded.records
+-- fragment: limits_open
+-- A claim's test that queued run r is under no closed rate limit or gate (migration 0013):
+-- none of its keys (tenant:<tenant_key>, agent:<agent_key>, its limit_key) has a row
+-- whose gate is shut or whose window is spent. Its first arm is the claim's one-row
+-- limits_on CTE (is any row in rate_limit?), read once per statement: with no limits
+-- defined each row pays one boolean test and the table is never probed. (OFFSET 0: a
+-- per-row probe of the primary key, never planned as a join.)
+(NOT (SELECT o.any_limit FROM limits_on o) OR NOT EXISTS (
+    SELECT 1 FROM {schema}.rate_limit l
+    WHERE l.key IN ('tenant:' || r.tenant_key, 'agent:' || r.agent_key, r.limit_key)
+      AND (l.gate_until > coalesce(%(now)s::timestamptz, clock_timestamp())
+           OR (l.used >= l.runs
+               AND l.window_start + make_interval(secs => l.per_seconds)
+                   > coalesce(%(now)s::timestamptz, clock_timestamp())))
+    OFFSET 0))
+
+-- fragment: limits_grant
+-- The claim's rate-limit step (CTEs after its locked candidate rows, `candidate (id,
+-- queue_order, tenant_key, agent_key, limit_key)`), giving `allowed (id)`: with no limits
+-- defined, every candidate. Otherwise the candidates' limited keys' rows are locked in key
+-- order (so overlapping claims never deadlock, and each sees the previous claim's count),
+-- each key grants what is left of its window (a spent window opens anew; a shut gate grants
+-- nothing), and a candidate starts only if each of its keys' grants covers its rank under
+-- that key (by queue order). A run refused here stays queued. A grant a run could not use
+-- because another of its keys refused it is still counted: a limit errs on the side of
+-- fewer starts, never more.
+limit_keys AS (
+    SELECT c.id, c.queue_order, k.key
+    FROM candidate c
+    CROSS JOIN LATERAL unnest(ARRAY['tenant:' || c.tenant_key, 'agent:' || c.agent_key, c.limit_key]) k (key)
+    WHERE (SELECT o.any_limit FROM limits_on o) AND k.key IS NOT NULL
+), limit_wanted AS (
+    SELECT lk.key, count(*)::integer AS n FROM limit_keys lk GROUP BY lk.key
+), limit_locked AS (
+    -- (Keys as an array: probes of the primary key, never a scan of every limit.)
+    SELECT l.key FROM {schema}.rate_limit l
+    WHERE l.key = ANY (ARRAY(SELECT w.key FROM limit_wanted w))
+    ORDER BY l.key
+    FOR UPDATE OF l
+), limit_granted AS (
+    UPDATE {schema}.rate_limit l SET
+        window_start = CASE WHEN l.runs IS NULL THEN NULL
+                            WHEN l.window_start IS NULL
+                                 OR l.window_start + make_interval(secs => l.per_seconds)
+                                    <= coalesce(%(now)s::timestamptz, clock_timestamp())
+                            THEN coalesce(%(now)s::timestamptz, clock_timestamp())
+                            ELSE l.window_start END,
+        used = CASE WHEN l.runs IS NULL THEN 0
+                    WHEN l.window_start IS NULL
+                         OR l.window_start + make_interval(secs => l.per_seconds)
+                            <= coalesce(%(now)s::timestamptz, clock_timestamp())
+                    THEN 0 ELSE l.used END
+               + CASE WHEN l.runs IS NULL
+                           OR l.gate_until > coalesce(%(now)s::timestamptz, clock_timestamp()) THEN 0
+                      WHEN l.window_start IS NULL
+                           OR l.window_start + make_interval(secs => l.per_seconds)
+                              <= coalesce(%(now)s::timestamptz, clock_timestamp())
+                      THEN least(w.n, l.runs)
+                      ELSE least(w.n, greatest(0, l.runs - l.used)) END,
+        last_grant = CASE WHEN l.gate_until > coalesce(%(now)s::timestamptz, clock_timestamp()) THEN 0
+                          WHEN l.runs IS NULL THEN w.n
+                          WHEN l.window_start IS NULL
+                               OR l.window_start + make_interval(secs => l.per_seconds)
+                                  <= coalesce(%(now)s::timestamptz, clock_timestamp())
+                          THEN least(w.n, l.runs)
+                          ELSE least(w.n, greatest(0, l.runs - l.used)) END
+    FROM limit_wanted w
+    WHERE l.key = ANY (ARRAY(SELECT lo.key FROM limit_locked lo)) AND l.key = w.key
+    RETURNING l.key, l.last_grant
+), allowed AS (
+    SELECT c.id FROM candidate c WHERE NOT (SELECT o.any_limit FROM limits_on o)
+    UNION ALL
+    SELECT ranked_keys.id FROM (
+        SELECT lk.id, lk.key, row_number() OVER (PARTITION BY lk.key ORDER BY lk.queue_order) AS rank
+        FROM limit_keys lk
+    ) ranked_keys
+    LEFT JOIN limit_granted g ON g.key = ranked_keys.key
+    GROUP BY ranked_keys.id
+    HAVING bool_and(g.key IS NULL OR ranked_keys.rank <= g.last_grant)
+)

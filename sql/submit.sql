@@ -89,14 +89,14 @@ WITH serial AS (
 ), run AS (
     INSERT INTO {schema}.agent_run
         (conversation_id, user_id, tenant_id, user_message_id, request, idempotency_key,
-         priority, not_before, deadline_at, agent_key, parent_run_id, root_run_id)
+         priority, not_before, deadline_at, agent_key, parent_run_id, root_run_id, limit_key)
     SELECT %(conversation_id)s, %(user_id)s, %(tenant_id)s, gen_random_uuid(),
            %(request)s, %(idempotency_key)s, %(priority)s,
            coalesce(%(not_before_at)s::timestamptz,
                     now() + make_interval(secs => %(not_before_in)s::float8)),
            coalesce(%(deadline_at)s::timestamptz,
                     now() + make_interval(secs => %(deadline_in)s::float8)),
-           %(agent_key)s, %(parent_run_id)s::uuid, %(root_run_id)s::uuid
+           %(agent_key)s, %(parent_run_id)s::uuid, %(root_run_id)s::uuid, %(limit_key)s::text
     FROM admitted
     ON CONFLICT (user_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, user_message_id, conversation_id, user_id, status, created_at, queue_order
@@ -153,7 +153,7 @@ WHERE a.user_id = %(user_id)s AND a.idempotency_key = %(idempotency_key)s
 -- write, so this snapshot sees both or neither).
 WITH src AS (
     SELECT id, conversation_id, user_id, tenant_id, user_message_id, request, priority,
-           lineage_id, attempt, deadline_at, version, agent_key, parent_run_id, root_run_id,
+           lineage_id, attempt, deadline_at, version, agent_key, parent_run_id, root_run_id, limit_key,
            pg_advisory_xact_lock(hashtextextended(%(conversation_lock_prefix)s::text || conversation_id, 0))
     FROM {schema}.agent_run
     WHERE id = %(run_id)s AND status IN ('failed', 'cancelled', 'expired') AND NOT journal_trimmed
@@ -170,13 +170,14 @@ WITH src AS (
     -- version the turn started with (its steps replay).
     INSERT INTO {schema}.agent_run
         (conversation_id, user_id, tenant_id, user_message_id, request, retry_of, priority,
-         lineage_id, attempt, deadline_at, version, agent_key, parent_run_id, root_run_id)
+         lineage_id, attempt, deadline_at, version, agent_key, parent_run_id, root_run_id, limit_key)
     SELECT conversation_id, user_id, tenant_id, user_message_id, request, id, priority,
            coalesce(lineage_id, id), attempt + 1,
            CASE WHEN %(keep_deadline)s THEN deadline_at
                 ELSE coalesce(%(deadline_at)s::timestamptz,
                               now() + make_interval(secs => %(deadline_in)s::float8)) END,
-           version, agent_key, parent_run_id, root_run_id  -- (the same agent, in the same tree)
+           version, agent_key, parent_run_id, root_run_id,  -- (the same agent, in the same tree)
+           limit_key
     FROM src
     ON CONFLICT (retry_of) WHERE retry_of IS NOT NULL DO NOTHING
     RETURNING id, status, conversation_id, user_message_id, created_at

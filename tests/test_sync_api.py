@@ -47,6 +47,9 @@ APIS = (
     "waiting_inputs",
     *SCHEDULE_APIS,
     *USAGE_APIS,
+    "list_rate_limits",
+    "remove_rate_limit",
+    "set_rate_limit",
 )
 
 
@@ -104,9 +107,9 @@ for _name in APIS:
 
         async def _schema_case(dsn: str, schema: str, conn: Any, _n: str = _name, _s: str = _schema) -> Any:
             args: tuple[Any, ...] = (dsn, "c" if _n == "stop_conversation" else uuid.uuid4())
-            if _n in ("enqueue", "waiting_inputs", "list_schedules"):
+            if _n in ("enqueue", "waiting_inputs", "list_schedules", "list_rate_limits"):
                 args = (dsn,)
-            elif _n in SCHEDULE_APIS:
+            elif _n in (*SCHEDULE_APIS, "set_rate_limit", "remove_rate_limit"):
                 args = (dsn, "s")
             elif _n == "provide_input":
                 args = (dsn, uuid.uuid4(), "k", True)
@@ -120,6 +123,8 @@ for _name in APIS:
                 )
             extra = turn() if _n == "enqueue" else turn(every=60) if _n == "add_schedule" else {}
             extra = {"tokens": 1} if _n == "set_usage_budget" else extra
+            if _n == "set_rate_limit":
+                extra = {"runs": 1, "per": 1}
             return _n, args, {"schema": _s, **extra}
 
         _schema_case.__name__ = f"{_name}_{_label}"

@@ -31,12 +31,14 @@ from ._errors import (
 from ._events import Event
 from ._hub import NotifyHub
 from ._inputs import PendingInput, provide_input, waiting_inputs
+from ._limits import list_rate_limits, remove_rate_limit, set_rate_limit
 from ._migrate import latest_version, migrate
 from ._models import (
     ChildResult,
     Draft,
     Message,
     QueuePosition,
+    RateLimit,
     Run,
     RunInfo,
     RunUsage,
@@ -50,6 +52,7 @@ from ._observe import Observer
 from ._queries import QueueStats, get_run, list_runs, queue_stats, transcript
 from ._retention import TrimResult, trim
 from ._retry import RetryPolicy
+from ._retry_later import RetryLater, retry_later_from
 from ._retry_run import retry_run
 from ._schedules import (
     add_schedule,
@@ -88,6 +91,8 @@ __all__ = [
     "PendingInput",
     "QueuePosition",
     "QueueStats",
+    "RateLimit",
+    "RetryLater",
     "RetryPolicy",
     "Run",
     "RunContext",
@@ -115,6 +120,7 @@ __all__ = [
     "get_run",
     "get_usage_budget",
     "latest_version",
+    "list_rate_limits",
     "list_runs",
     "list_schedules",
     "migrate",
@@ -123,11 +129,14 @@ __all__ = [
     "provide_input",
     "queue_position",
     "queue_stats",
+    "remove_rate_limit",
     "remove_schedule",
     "remove_usage_budget",
     "resume_schedule",
+    "retry_later_from",
     "retry_run",
     "run_usage",
+    "set_rate_limit",
     "set_tenant_policy",
     "set_usage_budget",
     "stop_conversation",

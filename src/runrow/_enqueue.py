@@ -51,6 +51,7 @@ async def enqueue(
     schema: str = DEFAULT_SCHEMA,
     max_content_bytes: int = DEFAULT_MAX_CONTENT_BYTES,
     agent_key: str | None = None,
+    limit_key: str | None = None,
 ) -> Run:
     """Records a user's turn and returns its run (``queued``).
 
@@ -75,6 +76,9 @@ async def enqueue(
     (``Dispatcher(agents={key: ...})``) claims it; None (default) is the default agent
     (``Dispatcher(agent)``). A queued run that no live worker serves waits, and is listed
     by ``runrow workers``.
+
+    ``limit_key`` is a host-given key the run is rate-limited under besides its tenant's
+    and agent's (e.g. the model provider it calls): see :func:`runrow.set_rate_limit`.
 
     Double-texting: with an active (queued or running) turn in the conversation,
     ``on_busy="enqueue"`` (default) queues the new turn after it, ``"reject"`` raises
@@ -121,6 +125,7 @@ async def enqueue(
         schema=schema,
         max_content_bytes=max_content_bytes,
         agent_key=agent_key,
+        limit_key=limit_key,
     )
     return await perform(db, schema, enqueue_op(options))
 

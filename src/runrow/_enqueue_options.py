@@ -54,6 +54,8 @@ class EnqueueOptions:
     parent_run_id: uuid.UUID | None = None
     """A spawned child's parent and tree root (``RunContext.spawn`` sets them; never a host)."""
     root_run_id: uuid.UUID | None = None
+    limit_key: str | None = None
+    """A host-given key the run is rate-limited under (see :func:`runrow.set_rate_limit`)."""
 
     @property
     def gated(self) -> bool:
@@ -83,6 +85,7 @@ class EnqueueOptions:
         schema: str,
         max_content_bytes: int,
         agent_key: str | None = None,
+        limit_key: str | None = None,
     ) -> EnqueueOptions:
         """The options of :func:`runrow.enqueue`, checked; raises :class:`InvalidInput`."""
         check_schema(schema)
@@ -91,6 +94,7 @@ class EnqueueOptions:
         _json.check_id(tenant_id, "tenant_id", optional=True)
         _json.check_id(idempotency_key, "idempotency_key", optional=True)
         _json.check_id(agent_key, "agent_key", optional=True, max_len=200)
+        _json.check_id(limit_key, "limit_key", optional=True, max_len=200)
         if isinstance(priority, bool) or not isinstance(priority, int) or not -(2**31) <= priority < 2**31:
             raise InvalidInput("priority", "must be an integer that fits in 32 bits")
         if on_busy not in ("enqueue", "reject", "interrupt"):
@@ -122,6 +126,7 @@ class EnqueueOptions:
             max_queued_tenant=max_queued_per_tenant,
             max_queued_conversation=max_queued_per_conversation,
             agent_key=agent_key,
+            limit_key=limit_key,
         )
 
 

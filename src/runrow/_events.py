@@ -29,6 +29,10 @@ letter, then ASCII letters, digits, ``_``, ``.``, ``:`` or ``-``, at most 64 cha
   model call cost (``RunContext.record_usage``; only runrow writes it). It rides the
   run's next flush (or its ending) and the statement that journals it adds it to the
   tenant's and agent key's usage rollup.
+* ``retry_later`` ``{"after", "key"}`` — the agent raised ``runrow.RetryLater``: the run
+  went back to the queue, due in ``after`` seconds (with ``key``, that key's gate shut as
+  long), spending no attempt; it runs on with the next seq when claimed again. Only
+  runrow writes it.
 * anything else the agent emits (``message_done``, ...) is structural too: it flushes
   pending text and is written at once.
 * ``complete`` ``{"status", "error"?, "reason"?, "uncertain_tool_calls"?}`` — the one
@@ -65,6 +69,7 @@ __all__ = [
     "INPUT_PROVIDED",
     "INPUT_REQUESTED",
     "KEEPALIVE",
+    "RETRY_LATER",
     "RUN_QUEUED",
     "TERMINAL_EVENT",
     "TOOL_CALL_FINISHED",
@@ -89,6 +94,7 @@ INPUT_REQUESTED = "input_requested"
 INPUT_PROVIDED = "input_provided"
 CHILDREN_AWAITED = "children_awaited"
 USAGE = "usage"
+RETRY_LATER = "retry_later"
 KEEPALIVE = "keepalive"  # never stored: a tail's idle marker
 ENDING_REASONS = ("stopped", "stopped_before_start", "deadline_exceeded", "worker_lost", "input_expired")
 """The terminal event's ``reason`` values (see the list above)."""
@@ -145,7 +151,9 @@ def checked_event(event: Mapping[str, Any], max_bytes: int) -> tuple[str, dict[s
             f"type {etype[:MAX_EVENT_TYPE_LENGTH]!r} must be an identifier: an ASCII letter, then "
             f"ASCII letters, digits, '_', '.', ':' or '-', at most {MAX_EVENT_TYPE_LENGTH} characters",
         )
-    if etype in (TERMINAL_EVENT, KEEPALIVE, INPUT_REQUESTED, INPUT_PROVIDED, CHILDREN_AWAITED, USAGE):
+    if etype in (
+        TERMINAL_EVENT, KEEPALIVE, INPUT_REQUESTED, INPUT_PROVIDED, CHILDREN_AWAITED, USAGE, RETRY_LATER
+    ):  # fmt: skip
         raise InvalidInput("event", f"type {etype!r} is reserved for runrow")
     payload = {k: v for k, v in event.items() if k != "type"}
     if etype == CONTENT_DELTA:

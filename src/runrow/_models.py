@@ -285,3 +285,16 @@ class UsageBudget:
         return (self.tokens is not None and self.spent_tokens >= self.tokens) or (
             self.cost is not None and self.spent_cost >= self.cost
         )
+class RateLimit:
+    """A key's rate limit and gate (see :func:`runrow.set_rate_limit`).
+
+    ``runs`` starts are allowed per window of ``per_seconds`` (both None: the key has only a
+    gate); ``window_start`` and ``used`` are the open window and the starts counted in it;
+    ``gate_until`` is when a shut gate (:class:`runrow.RetryLater` with a key) opens."""
+
+    key: str
+    runs: int | None
+    per_seconds: float | None
+    window_start: datetime | None = None
+    used: int = 0
+    gate_until: datetime | None = None

@@ -16,6 +16,7 @@ import psycopg
 
 from ._cli_args import build_parser
 from ._cli_check import cmd_check
+from ._cli_limits import cmd_limits
 from ._cli_schedules import cmd_schedules
 from ._cli_send import cmd_send
 from ._cli_support import (
@@ -316,6 +317,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = 
     "send": cmd_send,
     "workers": cmd_workers,
     "schedules": cmd_schedules,
+    "limits": cmd_limits,
     "check": cmd_check,
     "trim": cmd_trim,
     "stats": cmd_stats,

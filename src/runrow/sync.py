@@ -23,7 +23,7 @@ import psycopg
 from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
-from . import _enqueue, _inputs, _queries, _retry_run, _schedules, _stop, _syncdb, _tenants, _usage
+from . import _enqueue, _inputs, _limits, _queries, _retry_run, _schedules, _stop, _syncdb, _tenants, _usage
 from ._db import describe
 from ._enqueue_options import DEFAULT_MAX_CONTENT_BYTES, EnqueueOptions, OnBusy
 from ._events import KEEPALIVE, TERMINAL_EVENT, Event
@@ -37,7 +37,17 @@ if TYPE_CHECKING:
     from datetime import datetime, timedelta
 
     from ._gateway.inputs import PendingInput
-    from ._models import QueuePosition, Run, RunInfo, RunUsage, Schedule, StopResult, UsageBudget, UsageTotal
+    from ._models import (
+        QueuePosition,
+        RateLimit,
+        Run,
+        RunInfo,
+        RunUsage,
+        Schedule,
+        StopResult,
+        UsageBudget,
+        UsageTotal,
+    )
     from ._schedule_time import CatchUp, Overlap
     from ._syncdb import SyncDatabase
 
@@ -47,16 +57,19 @@ __all__ = [
     "enqueue",
     "get_run",
     "get_usage_budget",
+    "list_rate_limits",
     "list_schedules",
     "next_fires",
     "pause_schedule",
     "provide_input",
     "queue_position",
+    "remove_rate_limit",
     "remove_schedule",
     "remove_usage_budget",
     "resume_schedule",
     "retry_run",
     "run_usage",
+    "set_rate_limit",
     "set_usage_budget",
     "stop_conversation",
     "tail",
@@ -85,6 +98,7 @@ def enqueue(
     schema: str = DEFAULT_SCHEMA,
     max_content_bytes: int = DEFAULT_MAX_CONTENT_BYTES,
     agent_key: str | None = None,
+    limit_key: str | None = None,
 ) -> Run:
     """:func:`runrow.enqueue` on a synchronous connection, pool or conninfo.
 
@@ -107,6 +121,7 @@ def enqueue(
         schema=schema,
         max_content_bytes=max_content_bytes,
         agent_key=agent_key,
+        limit_key=limit_key,
     )
     return _syncdb.perform(db, schema, _enqueue.enqueue_op(options))
 
@@ -368,3 +383,18 @@ def get_usage_budget(
 def remove_usage_budget(db: SyncDatabase, tenant_id: str | None, *, schema: str = DEFAULT_SCHEMA) -> bool:
     """:func:`runrow.remove_usage_budget` on a synchronous connection, pool or conninfo."""
     return _syncdb.perform(db, schema, _usage.remove_usage_budget_op(tenant_id, schema=schema))
+def set_rate_limit(
+    db: SyncDatabase, key: str, *, runs: int, per: float | timedelta, schema: str = DEFAULT_SCHEMA
+) -> RateLimit:
+    """:func:`runrow.set_rate_limit` on a synchronous connection, pool or conninfo."""
+    return _syncdb.perform(db, schema, _limits.set_rate_limit_op(key, runs=runs, per=per, schema=schema))
+
+
+def list_rate_limits(db: SyncDatabase, *, schema: str = DEFAULT_SCHEMA) -> list[RateLimit]:
+    """:func:`runrow.list_rate_limits` on a synchronous connection, pool or conninfo."""
+    return _syncdb.perform(db, schema, _limits.list_rate_limits_op(schema=schema))
+
+
+def remove_rate_limit(db: SyncDatabase, key: str, *, schema: str = DEFAULT_SCHEMA) -> bool:
+    """:func:`runrow.remove_rate_limit` on a synchronous connection, pool or conninfo."""
+    return _syncdb.perform(db, schema, _limits.remove_rate_limit_op(key, schema=schema))

@@ -36,7 +36,7 @@ import psycopg
 from .. import _aio, _json
 from .._db import HeldConnection, describe, statement_conn
 from .._errors import LeaseLost
-from .._events import CHILDREN_AWAITED, INPUT_REQUESTED
+from .._events import CHILDREN_AWAITED, INPUT_REQUESTED, RETRY_LATER
 from .._gateway import endings as _endings
 from .._gateway._exec import jit_off_session, run
 from .ending_answer import TRANSIENT, Answer, BudgetClock, Handed, OutOfTime
@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from .._gateway.claims import ClaimedRun
+    from .._retry_later import RetryLater
     from .claimer import Claimer
     from .flight import ActiveRun, Park
     from .kit import Kit
@@ -100,6 +101,7 @@ class EndingWriter:
         *,
         retry: bool = False,
         park: Park | None = None,
+        later: RetryLater | None = None,
     ) -> None:
         """Hands the run's fenced terminal write over; ``done(recorded)`` is called exactly
         once, with the status recorded (None if none was): when it has landed, or failed
@@ -135,6 +137,8 @@ class EndingWriter:
         answer = Answer(done, deadline, status, active)
         if park is not None and park.awaiting is not None:  # a wait for children (status waiting)
             events = journal.final_rows({"key": park.key, **park.request}, CHILDREN_AWAITED)
+        elif later is not None:  # not an ending: back to the queue for a while (RetryLater)
+            events = journal.final_rows({"after": later.after, "key": later.key}, RETRY_LATER)
         elif park is not None:  # not an ending: the run waits for input (status waiting)
             events = journal.final_rows({"key": park.key, "request": park.request}, INPUT_REQUESTED)
         else:
@@ -145,13 +149,16 @@ class EndingWriter:
                 claim_token=active.token,
                 status=status,
                 error=None if error is None else _json.dumps(error, "error"),
-                partial=journal.answer_text,
+                # (RetryLater: its text is streamed again by the next pass, not kept as a partial)
+                partial=None if later is not None else journal.answer_text,
                 events=events,
                 retry=retry,
                 input_timeout=None if park is None else park.timeout,
                 partial_id=None if park is None else park.message_id,
                 awaiting=None if park is None else park.awaiting,
                 await_any=park is not None and park.await_any,
+                retry_after=None if later is None else later.after,
+                gate_key=None if later is None else later.key,
                 child=active.row.parent_run_id is not None,
             ),
             answer,

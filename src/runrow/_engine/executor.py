@@ -19,6 +19,7 @@ import anyio
 
 from .. import _aio, _json
 from .._errors import LeaseLost
+from .._retry_later import RetryLater
 from .context import RunContext
 from .flight import ending_for
 from .journal_writer import JournalWriter
@@ -147,6 +148,7 @@ class Executor:
         error: dict[str, Any] | None = None
         retry = False  # whether a failure is one the retry policy (if any) retries
         told: str | None = None  # the agent's traceback, for its failure's log line
+        later: RetryLater | None = None  # the agent asked to be queued again (back-pressure)
         # The deadline, measured on the database's clock: both times come from the claim.
         remaining = None if row.deadline_at is None else (row.deadline_at - row.started_at).total_seconds()
         # The run's helpers (its flush clock, its deadline) are started only if it needs
@@ -168,6 +170,8 @@ class Executor:
                         status = "completed"
                 except LeaseLost:
                     roster.lost(run_id)
+                except RetryLater as exc:
+                    status, later = "queued", exc
                 except Exception as exc:
                     status = "failed"
                     error = _json.error_of(exc, traceback=s.record_tracebacks)
@@ -234,6 +238,7 @@ class Executor:
             ),
             retry=ending.retry,
             park=active.park if ending.status == "waiting" else None,
+            later=later if ending.status == "queued" else None,
         )
 
     def _ended(

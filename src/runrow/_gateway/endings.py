@@ -45,6 +45,10 @@ class Ending(NamedTuple):
     await_any: bool = False
     """With ``awaiting``: the first of them to end is enough."""
     child: bool = False
+    retry_after: float | None = None
+    """A run queued again (``RetryLater``, status ``queued``): seconds until it is due."""
+    gate_key: str | None = None
+    """With ``retry_after``: the rate-limit key whose gate shuts as long."""
     """The run has a parent (a spawned child): its ending may wake it (``wake_parents``)."""
 
 
@@ -67,6 +71,8 @@ def finalize_params(endings: Sequence[Ending], channels: Channels) -> dict[str, 
                 "input_timeout": e.input_timeout,
                 "awaiting": None if e.awaiting is None else [str(c) for c in e.awaiting],
                 "await_any": e.await_any,
+                "retry_after": e.retry_after,
+                "gate_key": e.gate_key,
             }
         )
         events.extend(

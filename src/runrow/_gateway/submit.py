@@ -95,6 +95,7 @@ def enqueue_params(options: EnqueueOptions, *, wake_channel: str, conversation_l
         "deadline_at": options.deadline_at,
         "deadline_in": options.deadline_in,
         "agent_key": options.agent_key,
+        "limit_key": options.limit_key,
         "parent_run_id": options.parent_run_id,
         "root_run_id": options.root_run_id,
         "max_queued_tenant": options.max_queued_tenant,
