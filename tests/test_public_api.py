@@ -73,6 +73,15 @@ EXPECTED = {
     "transcript",
     "trim",
     "waiting_inputs",
+    # webhooks (#42)
+    "Webhook",
+    "WebhookDelivery",
+    "add_webhook",
+    "list_webhooks",
+    "redeliver",
+    "remove_webhook",
+    "send_test_webhook",
+    "webhook_deliveries",
 }
 
 

@@ -60,6 +60,15 @@ from ._status import RunStatus
 from ._stop import cancel_run, stop_conversation
 from ._tail import tail
 from ._tenants import queue_position, set_tenant_policy, tenant_policies
+from ._webhook_models import Webhook, WebhookDelivery
+from ._webhooks import (
+    add_webhook,
+    list_webhooks,
+    redeliver,
+    remove_webhook,
+    send_test_webhook,
+    webhook_deliveries,
+)
 
 __all__ = [
     "Agent",
@@ -102,22 +111,29 @@ __all__ = [
     "StopResult",
     "TenantPolicy",
     "TrimResult",
+    "Webhook",
+    "WebhookDelivery",
     "add_schedule",
+    "add_webhook",
     "cancel_run",
     "enqueue",
     "get_run",
     "latest_version",
     "list_runs",
     "list_schedules",
+    "list_webhooks",
     "migrate",
     "next_fires",
     "pause_schedule",
     "provide_input",
     "queue_position",
     "queue_stats",
+    "redeliver",
     "remove_schedule",
+    "remove_webhook",
     "resume_schedule",
     "retry_run",
+    "send_test_webhook",
     "set_tenant_policy",
     "stop_conversation",
     "tail",
@@ -125,6 +141,7 @@ __all__ = [
     "transcript",
     "trim",
     "waiting_inputs",
+    "webhook_deliveries",
 ]
 
 __version__ = "0.1.0.dev0"
