@@ -91,3 +91,6 @@ SET state = CASE WHEN %(ok)s THEN 'delivered'
     last_error = %(error)s
 WHERE id = %(id)s AND attempts = %(attempts)s AND state = 'pending'
 RETURNING state
+
+-- name: any_webhook
+SELECT EXISTS (SELECT 1 FROM {schema}.webhook)

@@ -108,3 +108,9 @@ def record(
     }
     rows = yield Query(_sql.statement("record_attempt", schema), params)
     return str(rows[0][0]) if rows else None
+
+
+def any_subscription(schema: str) -> Plan[bool]:
+    """Whether any subscription exists (the delivery service's idle check)."""
+    rows = yield Query(_sql.statement("any_webhook", schema))
+    return bool(rows[0][0])
