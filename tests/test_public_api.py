@@ -140,6 +140,12 @@ def test_the_sync_module_is_the_expected_api() -> None:
         "stop_conversation",
         "tail",
         "waiting_inputs",
+        "add_webhook",
+        "list_webhooks",
+        "redeliver",
+        "remove_webhook",
+        "send_test_webhook",
+        "webhook_deliveries",
     }
     assert (sync.__doc__ or "").strip()
     for name in sync.__all__:

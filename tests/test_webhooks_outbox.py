@@ -4,6 +4,7 @@ subscriptions that want that ending; an ending rolled back leaves none."""
 
 from __future__ import annotations
 
+import anyio
 import psycopg
 import pytest
 
@@ -131,3 +132,27 @@ async def test_add_list_remove_and_the_generated_secret(dsn: str, schema: str) -
     assert test is not None and test.event_type == "webhook.test"
     assert await runrow.remove_webhook(dsn, "w", schema=schema)
     assert not await runrow.remove_webhook(dsn, "w", schema=schema)
+
+
+async def test_the_sync_api_adds_lists_and_removes(dsn: str, schema: str) -> None:
+    await anyio.to_thread.run_sync(_sync_round, dsn, schema)
+
+
+def _sync_round(dsn: str, schema: str) -> None:
+    from runrow import sync
+
+    with pytest.raises(runrow.InvalidInput) as e:
+        sync.add_webhook(dsn, "s", "http://192.168.1.4/x", schema=schema)
+    assert e.value.field == "url"
+    w = sync.add_webhook(
+        dsn, "s", "http://192.168.1.4/x", allow_private=True, endings=["completed"], schema=schema
+    )
+    assert [x.name for x in sync.list_webhooks(dsn, schema=schema)] == ["s"] and w.endings == ["completed"]
+    sent = sync.send_test_webhook(dsn, "s", schema=schema)
+    assert sent is not None
+    assert [d.id for d in sync.webhook_deliveries(dsn, webhook="s", schema=schema)] == [sent.id]
+    again = sync.redeliver(dsn, sent.id, schema=schema)
+    assert again is not None and again.state == "pending"
+    with pytest.raises(runrow.InvalidInput):
+        sync.redeliver(dsn, "not-a-uuid", schema=schema)
+    assert sync.remove_webhook(dsn, "s", schema=schema)
