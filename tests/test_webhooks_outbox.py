@@ -156,3 +156,29 @@ def _sync_round(dsn: str, schema: str) -> None:
     with pytest.raises(runrow.InvalidInput):
         sync.redeliver(dsn, "not-a-uuid", schema=schema)
     assert sync.remove_webhook(dsn, "s", schema=schema)
+
+
+async def test_the_reaper_and_a_parked_runs_stop_fill_it_and_a_park_does_not(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    from datetime import timedelta
+
+    from . import manual
+
+    await add_webhook(dsn, "all", URL, allow_private=True, schema=schema)
+    lost = await enqueue_turn(dsn, schema, "lost")
+    parked = await enqueue_turn(dsn, schema, "parked")
+    claimed = {r["id"]: r for r in await manual.claim(conn, schema, limit=2, lease=5)}
+    # A park (finalize, status waiting) is no ending: no delivery.
+    p = claimed[parked.id]
+    assert await manual.park(conn, schema, parked.id, p["claim_token"], 3, key="approve")
+    assert await _outbox(conn, schema) == []
+    # The reaper's ending of a lost worker's run (reap).
+    later = await manual.db_now(conn) + timedelta(seconds=60)
+    assert await manual.reap(conn, schema, [lost.id], grace=1, now=later) == [lost.id]
+    # A stop of the parked run (cancel_paused).
+    await runrow.cancel_run(dsn, parked.id, schema=schema)
+    rows = await _outbox(conn, schema)
+    assert sorted((r, e) for _, r, e in rows) == sorted(
+        [(str(lost.id), "run.failed"), (str(parked.id), "run.cancelled")]
+    )
