@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, get_args
 
 from . import __version__
 from ._cli_schedules import add_schedules_parser
+from ._cli_webhooks import add_webhooks_parser
 from ._devdb import data_home, default_dir
 from ._names import DEFAULT_SCHEMA
 from ._status import RunStatus
@@ -266,6 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     add_schedules_parser(sub, common)
+    add_webhooks_parser(sub, common)
 
     s = sub.add_parser("stop", parents=[common], help="stop every active turn of a conversation")
     s.add_argument("conversation_id", help="the conversation whose queued and running turns stop")
