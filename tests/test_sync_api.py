@@ -45,6 +45,13 @@ APIS = (
     "stop_conversation",
     "waiting_inputs",
     *SCHEDULE_APIS,
+    # webhooks (#42; tests/test_webhooks_outbox.py runs the sync ones)
+    "add_webhook",
+    "list_webhooks",
+    "redeliver",
+    "remove_webhook",
+    "send_test_webhook",
+    "webhook_deliveries",
 )
 
 
@@ -102,10 +109,12 @@ for _name in APIS:
 
         async def _schema_case(dsn: str, schema: str, conn: Any, _n: str = _name, _s: str = _schema) -> Any:
             args: tuple[Any, ...] = (dsn, "c" if _n == "stop_conversation" else uuid.uuid4())
-            if _n in ("enqueue", "waiting_inputs", "list_schedules"):
+            if _n in ("enqueue", "waiting_inputs", "list_schedules", "list_webhooks", "webhook_deliveries"):
                 args = (dsn,)
-            elif _n in SCHEDULE_APIS:
+            elif _n in SCHEDULE_APIS or _n in ("remove_webhook", "send_test_webhook"):
                 args = (dsn, "s")
+            elif _n == "add_webhook":
+                args = (dsn, "s", "https://example.com/hook")
             elif _n == "provide_input":
                 args = (dsn, uuid.uuid4(), "k", True)
             extra = turn() if _n == "enqueue" else turn(every=60) if _n == "add_schedule" else {}

@@ -35,7 +35,7 @@ def add_webhooks_parser(
         default="all",
         help="comma-separated: completed, failed, cancelled, expired (default: %(default)s)",
     )
-    add.add_argument("--secret", help="a whsec_ signing secret (default: one is generated)")
+    add.add_argument("--secret", help="a whsec_ signing secret (default: none, one is generated)")
     add.add_argument("--tenant", help="only this tenant's runs (default: every run)")
     add.add_argument(
         "--allow-private", action="store_true", help="allow a loopback or private host (default: refused)"
@@ -49,8 +49,12 @@ def add_webhooks_parser(
     re = wsub.add_parser("redeliver", parents=[common], help="send a delivery again")
     re.add_argument("delivery_id", metavar="DELIVERY_ID", help="the delivery's id (its webhook-id)")
     dl = wsub.add_parser("deliveries", parents=[common], help="the latest deliveries, newest first")
-    dl.add_argument("--webhook", help="only this subscription's")
-    dl.add_argument("--state", choices=("pending", "delivered", "dead"), help="only in this state")
+    dl.add_argument("--webhook", help="only this subscription's (default: none, every subscription's)")
+    dl.add_argument(
+        "--state",
+        choices=("pending", "delivered", "dead"),
+        help="only in this state (default: none, any state)",
+    )
     dl.add_argument("--limit", type=int, default=20, help="how many (default: %(default)s)")
 
 

@@ -40,6 +40,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("runrow.dispatcher")
 
+# Seconds a claim or a record may take (shielded from a stop, so bounded).
+_DB_BUDGET = 5.0
+
 
 def available() -> bool:
     """Whether ``runrow[webhooks]`` is installed here (httpx and standardwebhooks)."""
@@ -82,8 +85,10 @@ class DeliveryService:
         poll = self._kit.settings.poll
         async with httpx.AsyncClient(timeout=self.timeout, follow_redirects=False) as client:
             while True:
-                with anyio.CancelScope(shield=True), anyio.move_on_after(self.lease):
-                    wait = await self.deliver_due(client, poll)
+                # (The posts are not shielded: a stop cuts them, and their rows, left
+                # claimed, are claimed again once their lease lapses. Only the claim and
+                # each record are: a cancelled query is a broken connection.)
+                wait = await self.deliver_due(client, poll)
                 if wait:
                     await anyio.sleep(wait)
 
@@ -91,10 +96,12 @@ class DeliveryService:
         """One pass; returns the seconds to wait before the next (0: more may be due)."""
         s, pool = self._kit.settings, self._kit.pool()
         try:
-            async with statement_conn(pool) as conn:
-                if not await run(conn, _gw.any_subscription(s.schema)):
-                    return poll
-                claimed = await run(conn, _gw.claim(s.schema, limit=self.batch, lease_seconds=self.lease))
+            claimed: list[_gw.Claimed] = []
+            with anyio.CancelScope(shield=True), anyio.move_on_after(_DB_BUDGET):
+                async with statement_conn(pool) as conn:
+                    if not await run(conn, _gw.any_subscription(s.schema)):
+                        return poll
+                    claimed = await run(conn, _gw.claim(s.schema, limit=self.batch, lease_seconds=self.lease))
             if not claimed:
                 return min(self.idle_wait, poll)
             async with anyio.create_task_group() as tg:
@@ -109,20 +116,22 @@ class DeliveryService:
         status, error = await self._post(client, one)
         ok = status is not None and 200 <= status < 300
         retry_in = 0.0 if ok else backoff(one.attempts, self.backoff_base, self.backoff_cap)
-        async with statement_conn(self._kit.pool()) as conn:
-            state = await run(
-                conn,
-                _gw.record(
-                    self._kit.settings.schema,
-                    delivery_id=one.id,
-                    attempts=one.attempts,
-                    ok=ok,
-                    status=status,
-                    error=error,
-                    max_attempts=self.max_attempts,
-                    retry_in=retry_in,
-                ),
-            )
+        state = None
+        with anyio.CancelScope(shield=True), anyio.move_on_after(_DB_BUDGET):
+            async with statement_conn(self._kit.pool()) as conn:
+                state = await run(
+                    conn,
+                    _gw.record(
+                        self._kit.settings.schema,
+                        delivery_id=one.id,
+                        attempts=one.attempts,
+                        ok=ok,
+                        status=status,
+                        error=error,
+                        max_attempts=self.max_attempts,
+                        retry_in=retry_in,
+                    ),
+                )
         if state == "dead":
             log.warning(
                 "webhook delivery %s to %s is dead after %d attempts: %s",
