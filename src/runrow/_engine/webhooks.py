@@ -71,6 +71,7 @@ class DeliveryService:
 
     def __init__(self, kit: Kit) -> None:
         self._kit = kit
+        self._client: Any = None
 
     @property
     def lease(self) -> float:
@@ -78,21 +79,31 @@ class DeliveryService:
         return self.timeout * 2 + 5
 
     async def run(self, *, task_status: TaskStatus[None]) -> None:
-        """The loop (service ``webhooks``)."""
-        import httpx
-
+        """The loop (service ``webhooks``). The HTTP client (its TLS context costs tens
+        of milliseconds of CPU) is made at the first delivery, never by an idle worker."""
         task_status.started()
         poll = self._kit.settings.poll
-        async with httpx.AsyncClient(timeout=self.timeout, follow_redirects=False) as client:
+        try:
             while True:
                 # (The posts are not shielded: a stop cuts them, and their rows, left
                 # claimed, are claimed again once their lease lapses. Only the claim and
                 # each record are: a cancelled query is a broken connection.)
-                wait = await self.deliver_due(client, poll)
+                wait = await self.deliver_due(poll)
                 if wait:
                     await anyio.sleep(wait)
+        finally:
+            if self._client is not None:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(_DB_BUDGET):
+                    await self._client.aclose()
 
-    async def deliver_due(self, client: Any, poll: float) -> float:
+    def _http(self) -> Any:
+        if self._client is None:
+            import httpx
+
+            self._client = httpx.AsyncClient(timeout=self.timeout, follow_redirects=False)
+        return self._client
+
+    async def deliver_due(self, poll: float) -> float:
         """One pass; returns the seconds to wait before the next (0: more may be due)."""
         s, pool = self._kit.settings, self._kit.pool()
         try:
@@ -104,6 +115,7 @@ class DeliveryService:
                     claimed = await run(conn, _gw.claim(s.schema, limit=self.batch, lease_seconds=self.lease))
             if not claimed:
                 return min(self.idle_wait, poll)
+            client = self._http()
             async with anyio.create_task_group() as tg:
                 for one in claimed:
                     tg.start_soon(self._deliver, client, one)
