@@ -117,6 +117,7 @@ WITH f AS (
     SELECT run_id, usage FROM ev WHERE usage IS NOT NULL
 ), {usage_rolled}
 )
+), {webhook_outbox}
 -- The queue wake only when the ending can let an idle worker claim: the conversation
 -- has a next turn waiting, or the tenant has a running cap (a freed place under it).
 -- Otherwise every listening worker would wake for nothing on every run's end.
@@ -282,7 +283,7 @@ WITH locked AS (
     FROM fin
 ), {retried}
 ), {woke_parents}
-)
+), {webhook_outbox}
 SELECT fin.id, fin.conversation_id, fin.status, fin.worker_id, fin.reason,
        pg_notify(%(events_prefix)s || replace(fin.id::text, '-', ''), ''),
        pg_notify(%(wake_channel)s, '')

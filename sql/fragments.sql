@@ -120,4 +120,30 @@ limit_keys AS (
     LEFT JOIN limit_granted g ON g.key = ranked_keys.key
     GROUP BY ranked_keys.id
     HAVING bool_and(g.key IS NULL OR ranked_keys.rank <= g.last_grant)
+-- fragment: webhook_outbox
+-- Webhooks on endings (#42; migration 0015): after a CTE fin of the runs a statement
+-- ended (id, status), the CTE webhook_outbox inserts one delivery per subscription that
+-- wants the run's terminal status (and its tenant, if it names one), in the ending's own
+-- transaction: every statement that makes a run terminal (finalize, reap, cancel_queued,
+-- cancel_paused) takes it, so no ending commits without its deliveries and none is
+-- delivered for an ending rolled back. The run's other columns are read as the
+-- statement's snapshot has them (the ending changes none that are read here). With no
+-- subscription the guard (one probe of an empty table, evaluated once) skips it all.
+webhook_outbox AS (
+    INSERT INTO {schema}.webhook_delivery (webhook, run_id, lineage, event_type, payload)
+    SELECT w.name, a.id, coalesce(a.lineage_id, a.id), 'run.' || fin.status,
+           jsonb_build_object(
+               'type', 'run.' || fin.status,
+               'timestamp', now(),
+               'data', jsonb_build_object('run_id', a.id, 'status', fin.status,
+                                          'conversation_id', a.conversation_id,
+                                          'tenant_id', a.tenant_id, 'attempt', a.attempt,
+                                          'parent_run_id', a.parent_run_id))
+    FROM fin
+    JOIN {schema}.agent_run a ON a.id = fin.id
+    JOIN {schema}.webhook w ON fin.status = ANY (w.endings)
+                            AND (w.tenant_id IS NULL OR w.tenant_id = a.tenant_id)
+    WHERE EXISTS (SELECT 1 FROM {schema}.webhook)
+      AND fin.status IN ('completed', 'failed', 'cancelled', 'expired')
+    ORDER BY a.id, w.name
 )

@@ -64,7 +64,7 @@ WITH c AS (
            'complete',
            jsonb_build_object('status', 'cancelled', 'reason', 'stopped_before_start')
     FROM c
-)
+), {webhook_outbox}
 SELECT d.run_id, d.id AS message_id, d.content,
        pg_notify(%(events_prefix)s || replace(d.run_id::text, '-', ''), ''),
        CASE WHEN EXISTS (SELECT 1 FROM woke WHERE woke.resumed) THEN pg_notify(%(wake_channel)s, '') END
@@ -94,7 +94,7 @@ WITH c AS (
            'complete',
            jsonb_build_object('status', 'cancelled', 'reason', 'stopped')
     FROM c
-)
+), {webhook_outbox}
 SELECT c.id,
        pg_notify(%(events_prefix)s || replace(c.id::text, '-', ''), ''),
        pg_notify(%(wake_channel)s, '')

@@ -87,6 +87,15 @@ EXPECTED = {
     "transcript",
     "trim",
     "waiting_inputs",
+    # webhooks (#42)
+    "Webhook",
+    "WebhookDelivery",
+    "add_webhook",
+    "list_webhooks",
+    "redeliver",
+    "remove_webhook",
+    "send_test_webhook",
+    "webhook_deliveries",
 }
 
 
@@ -153,6 +162,12 @@ def test_the_sync_module_is_the_expected_api() -> None:
         "run_usage",
         "set_usage_budget",
         "usage_totals",
+        "add_webhook",
+        "list_webhooks",
+        "redeliver",
+        "remove_webhook",
+        "send_test_webhook",
+        "webhook_deliveries",
     }
     assert (sync.__doc__ or "").strip()
     for name in sync.__all__:

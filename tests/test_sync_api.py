@@ -50,6 +50,13 @@ APIS = (
     "list_rate_limits",
     "remove_rate_limit",
     "set_rate_limit",
+    # webhooks (#42; tests/test_webhooks_outbox.py runs the sync ones)
+    "add_webhook",
+    "list_webhooks",
+    "redeliver",
+    "remove_webhook",
+    "send_test_webhook",
+    "webhook_deliveries",
 )
 
 
@@ -107,10 +114,15 @@ for _name in APIS:
 
         async def _schema_case(dsn: str, schema: str, conn: Any, _n: str = _name, _s: str = _schema) -> Any:
             args: tuple[Any, ...] = (dsn, "c" if _n == "stop_conversation" else uuid.uuid4())
-            if _n in ("enqueue", "waiting_inputs", "list_schedules", "list_rate_limits"):
+            if _n in (
+                "enqueue", "waiting_inputs", "list_schedules", "list_rate_limits", "list_webhooks",
+                "webhook_deliveries",
+            ):  # fmt: skip
                 args = (dsn,)
-            elif _n in (*SCHEDULE_APIS, "set_rate_limit", "remove_rate_limit"):
+            elif _n in (*SCHEDULE_APIS, "set_rate_limit", "remove_rate_limit", "remove_webhook", "send_test_webhook"):
                 args = (dsn, "s")
+            elif _n == "add_webhook":
+                args = (dsn, "s", "https://example.com/hook")
             elif _n == "provide_input":
                 args = (dsn, uuid.uuid4(), "k", True)
             elif _n in USAGE_APIS:

@@ -67,6 +67,15 @@ from ._stop import cancel_run, stop_conversation
 from ._tail import tail
 from ._tenants import queue_position, set_tenant_policy, tenant_policies
 from ._usage import get_usage_budget, remove_usage_budget, run_usage, set_usage_budget, usage_totals
+from ._webhook_models import Webhook, WebhookDelivery
+from ._webhooks import (
+    add_webhook,
+    list_webhooks,
+    redeliver,
+    remove_webhook,
+    send_test_webhook,
+    webhook_deliveries,
+)
 
 __all__ = [
     "Agent",
@@ -114,7 +123,10 @@ __all__ = [
     "TrimResult",
     "UsageBudget",
     "UsageTotal",
+    "Webhook",
+    "WebhookDelivery",
     "add_schedule",
+    "add_webhook",
     "cancel_run",
     "enqueue",
     "get_run",
@@ -123,19 +135,23 @@ __all__ = [
     "list_rate_limits",
     "list_runs",
     "list_schedules",
+    "list_webhooks",
     "migrate",
     "next_fires",
     "pause_schedule",
     "provide_input",
     "queue_position",
     "queue_stats",
+    "redeliver",
     "remove_rate_limit",
     "remove_schedule",
     "remove_usage_budget",
+    "remove_webhook",
     "resume_schedule",
     "retry_later_from",
     "retry_run",
     "run_usage",
+    "send_test_webhook",
     "set_rate_limit",
     "set_tenant_policy",
     "set_usage_budget",
@@ -146,6 +162,7 @@ __all__ = [
     "trim",
     "usage_totals",
     "waiting_inputs",
+    "webhook_deliveries",
 ]
 
 __version__ = "0.1.0.dev0"

@@ -9,6 +9,7 @@ from . import __version__
 from ._cli_limits import add_limits_parser
 from ._cli_schedules import add_schedules_parser
 from ._cli_usage import add_stats_parser
+from ._cli_webhooks import add_webhooks_parser
 from ._devdb import data_home, default_dir
 from ._names import DEFAULT_SCHEMA
 from ._status import RunStatus
@@ -277,6 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_schedules_parser(sub, common)
     add_limits_parser(sub, common)
+    add_webhooks_parser(sub, common)
 
     s = sub.add_parser("stop", parents=[common], help="stop every active turn of a conversation")
     s.add_argument("conversation_id", help="the conversation whose queued and running turns stop")

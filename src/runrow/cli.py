@@ -40,6 +40,7 @@ from ._cli_support import database_url as _database_url
 from ._cli_support import jsonable as _jsonable
 from ._cli_support import out as _out
 from ._cli_usage import cmd_stats
+from ._cli_webhooks import cmd_webhooks
 from ._cli_workers import cmd_workers
 from ._errors import RunrowError
 
@@ -318,6 +319,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = 
     "workers": cmd_workers,
     "schedules": cmd_schedules,
     "limits": cmd_limits,
+    "webhooks": cmd_webhooks,
     "check": cmd_check,
     "trim": cmd_trim,
     "stats": cmd_stats,

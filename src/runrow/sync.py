@@ -23,7 +23,19 @@ import psycopg
 from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
-from . import _enqueue, _inputs, _limits, _queries, _retry_run, _schedules, _stop, _syncdb, _tenants, _usage
+from . import (
+    _enqueue,
+    _inputs,
+    _limits,
+    _queries,
+    _retry_run,
+    _schedules,
+    _stop,
+    _syncdb,
+    _tenants,
+    _usage,
+    _webhooks,
+)
 from ._db import describe
 from ._enqueue_options import DEFAULT_MAX_CONTENT_BYTES, EnqueueOptions, OnBusy
 from ._events import KEEPALIVE, TERMINAL_EVENT, Event
@@ -33,7 +45,7 @@ from ._tail import check_tail, read_plan, settle
 
 if TYPE_CHECKING:
     import uuid
-    from collections.abc import Iterator
+    from collections.abc import Collection, Iterator
     from datetime import datetime, timedelta
 
     from ._gateway.inputs import PendingInput
@@ -50,31 +62,38 @@ if TYPE_CHECKING:
     )
     from ._schedule_time import CatchUp, Overlap
     from ._syncdb import SyncDatabase
+    from ._webhook_models import Webhook, WebhookDelivery
 
 __all__ = [
     "add_schedule",
+    "add_webhook",
     "cancel_run",
     "enqueue",
     "get_run",
     "get_usage_budget",
     "list_rate_limits",
     "list_schedules",
+    "list_webhooks",
     "next_fires",
     "pause_schedule",
     "provide_input",
     "queue_position",
+    "redeliver",
     "remove_rate_limit",
     "remove_schedule",
     "remove_usage_budget",
+    "remove_webhook",
     "resume_schedule",
     "retry_run",
     "run_usage",
+    "send_test_webhook",
     "set_rate_limit",
     "set_usage_budget",
     "stop_conversation",
     "tail",
     "usage_totals",
     "waiting_inputs",
+    "webhook_deliveries",
 ]
 
 log = logging.getLogger("runrow.journal")
@@ -398,3 +417,63 @@ def list_rate_limits(db: SyncDatabase, *, schema: str = DEFAULT_SCHEMA) -> list[
 def remove_rate_limit(db: SyncDatabase, key: str, *, schema: str = DEFAULT_SCHEMA) -> bool:
     """:func:`runrow.remove_rate_limit` on a synchronous connection, pool or conninfo."""
     return _syncdb.perform(db, schema, _limits.remove_rate_limit_op(key, schema=schema))
+def add_webhook(
+    db: SyncDatabase,
+    name: str,
+    url: str,
+    *,
+    endings: str | Collection[str] = "all",
+    secret: str | None = None,
+    tenant_id: str | None = None,
+    allow_private: bool = False,
+    schema: str = DEFAULT_SCHEMA,
+) -> Webhook:
+    """:func:`runrow.add_webhook` on a synchronous connection, pool or conninfo."""
+    op = _webhooks.add_webhook_op(
+        name,
+        url,
+        endings=endings,
+        secret=secret,
+        tenant_id=tenant_id,
+        allow_private=allow_private,
+        schema=schema,
+    )
+    return _syncdb.perform(db, schema, op)
+
+
+def list_webhooks(db: SyncDatabase, *, schema: str = DEFAULT_SCHEMA) -> list[Webhook]:
+    """:func:`runrow.list_webhooks` on a synchronous connection, pool or conninfo."""
+    return _syncdb.perform(db, schema, _webhooks.list_webhooks_op(schema=schema))
+
+
+def remove_webhook(db: SyncDatabase, name: str, *, schema: str = DEFAULT_SCHEMA) -> bool:
+    """:func:`runrow.remove_webhook` on a synchronous connection, pool or conninfo."""
+    return _syncdb.perform(db, schema, _webhooks.remove_webhook_op(name, schema=schema))
+
+
+def redeliver(
+    db: SyncDatabase, delivery_id: uuid.UUID | str, *, schema: str = DEFAULT_SCHEMA
+) -> WebhookDelivery | None:
+    """:func:`runrow.redeliver` on a synchronous connection, pool or conninfo."""
+    return _syncdb.perform(db, schema, _webhooks.redeliver_op(delivery_id, schema=schema))
+
+
+def send_test_webhook(db: SyncDatabase, name: str, *, schema: str = DEFAULT_SCHEMA) -> WebhookDelivery | None:
+    """:func:`runrow.send_test_webhook` on a synchronous connection, pool or conninfo."""
+    return _syncdb.perform(db, schema, _webhooks.send_test_webhook_op(name, schema=schema))
+
+
+def webhook_deliveries(
+    db: SyncDatabase,
+    *,
+    webhook: str | None = None,
+    state: str | None = None,
+    run_id: uuid.UUID | None = None,
+    limit: int = 50,
+    schema: str = DEFAULT_SCHEMA,
+) -> list[WebhookDelivery]:
+    """:func:`runrow.webhook_deliveries` on a synchronous connection, pool or conninfo."""
+    op = _webhooks.webhook_deliveries_op(
+        webhook=webhook, state=state, run_id=run_id, limit=limit, schema=schema
+    )
+    return _syncdb.perform(db, schema, op)

@@ -18,6 +18,7 @@ from .schedules import ScheduleFirer
 from .schema_watch import SchemaWatch
 from .service import Services
 from .step_writer import StepWriter
+from .webhooks import DeliveryService, available
 
 if TYPE_CHECKING:
     import uuid
@@ -95,6 +96,8 @@ class Parts:
         self.schema_watch = SchemaWatch(kit, roster, self.stop_claiming)
         self.registry = Registry(kit, roster, agents)
         self.schedules = ScheduleFirer(kit)
+        # (Only with runrow[webhooks] installed: see webhooks.py.)
+        self.webhooks = DeliveryService(kit) if available() else None
         self.executor = Executor(
             kit, roster, agents, self.endings, self.appender, Host(kit, roster, self.steps)
         )
@@ -111,6 +114,8 @@ class Parts:
         await services.start(tg, "schema-watch", self.schema_watch.run)
         await services.start(tg, "registry", self.registry.run)
         await services.start(tg, "schedules", self.schedules.run)
+        if self.webhooks is not None:
+            await services.start(tg, "webhooks", self.webhooks.run)
         if hub is not None:
             await services.start(tg, "wakes", functools.partial(self.claimer.forward_wakes, hub))
             await services.start(tg, "cancels", functools.partial(self.lease.watch_cancels, hub))

@@ -15,6 +15,7 @@ Pages:
   the error, uncertain tool calls, retry lineage, steps and waiting input.
 * ``/conversation?id=``: turns in order and the transcript.
 * ``/schedules``: every schedule, its next tick and what its fires did; pause and resume.
+* ``/webhooks``: the webhook subscriptions and the latest deliveries; redeliver.
 * ``/health``: queued and running per tenant, oldest wait, caps and weights, workers,
   throughput and reaped runs as an SVG chart.
 * Actions (CSRF-protected, absent when read-only): cancel and retry a run, stop a
@@ -43,6 +44,7 @@ from ._health import HealthPage
 from ._list import ListPage
 from ._run import RunPage
 from ._schedules import SchedulesPage
+from ._webhooks import WebhooksPage
 from ._workers import WorkersPage
 
 if TYPE_CHECKING:
@@ -94,6 +96,7 @@ def create_admin(
         keepalive=keepalive,
     )
     runs, actions, schedules = RunPage(state), Actions(state), SchedulesPage(state)
+    hooks = WebhooksPage(state)
     app = Starlette(
         routes=[
             Route("/", ListPage(state).get, methods=["GET"]),
@@ -101,6 +104,8 @@ def create_admin(
             Route("/workers", WorkersPage(state).get, methods=["GET"]),
             Route("/schedules", schedules.get, methods=["GET"]),
             Route("/schedules/{action}", schedules.act, methods=["GET", "POST"]),
+            Route("/webhooks", hooks.get, methods=["GET"]),
+            Route("/webhooks/{action}", hooks.act, methods=["GET", "POST"]),
             Route("/runs/{run_id}", runs.page, methods=["GET"]),
             Route("/runs/{run_id}/events", runs.events, methods=["GET"]),
             Route("/runs/{run_id}/input", Answers(state).answer, methods=["GET", "POST"]),

@@ -100,6 +100,7 @@ def layout(base: str, title: str, body: Html, *, tenant: str | None, read_only: 
 <li>{link(f"{base}/health", "Queue health")}</li>
 <li>{link(f"{base}/workers", "Workers")}</li>
 <li>{link(f"{base}/schedules", "Schedules")}</li>
+<li>{link(f"{base}/webhooks", "Webhooks")}</li>
 </ul>
 <span class="scope">{e(scope)} · {e(mode)}</span>
 </nav>
