@@ -116,7 +116,6 @@ WITH f AS (
     -- (usage recorded since the run's last flush rides its ending: see usage_rolled)
     SELECT run_id, usage FROM ev WHERE usage IS NOT NULL
 ), {usage_rolled}
-)
 ), {webhook_outbox}
 -- The queue wake only when the ending can let an idle worker claim: the conversation
 -- has a next turn waiting, or the tenant has a running cap (a freed place under it).

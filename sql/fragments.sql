@@ -120,6 +120,8 @@ limit_keys AS (
     LEFT JOIN limit_granted g ON g.key = ranked_keys.key
     GROUP BY ranked_keys.id
     HAVING bool_and(g.key IS NULL OR ranked_keys.rank <= g.last_grant)
+)
+
 -- fragment: webhook_outbox
 -- Webhooks on endings (#42; migration 0015): after a CTE fin of the runs a statement
 -- ended (id, status), the CTE webhook_outbox inserts one delivery per subscription that
