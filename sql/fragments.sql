@@ -149,3 +149,30 @@ webhook_outbox AS (
       AND fin.status IN ('completed', 'failed', 'cancelled', 'expired')
     ORDER BY a.id, w.name
 )
+
+-- fragment: claim_stamp
+-- The claim's last step, the same for the fair and the FIFO claim: the runs in `allowed`
+-- (the candidates the rate limits let through, see limits_grant) become running under a
+-- new claim token and lease, stamped with this worker, its retry policy and version (a
+-- run keeps its first version); the RETURNING list is runrow/_gateway/claims.py's
+-- ClaimedRun, column for column (checked there by name).
+UPDATE {schema}.agent_run a SET
+    status            = 'running',
+    claim_token       = gen_random_uuid(),
+    claim_expires_at  = coalesce(%(now)s::timestamptz, clock_timestamp())
+                        + make_interval(secs => %(lease_seconds)s),
+    worker_id         = %(worker_id)s,
+    retry_policy      = %(retry_policy)s::jsonb,
+    version           = coalesce(a.version, %(version)s),  -- (the first claim's: kept)
+    worker_version    = %(version)s,
+    started_at        = coalesce(%(now)s::timestamptz, clock_timestamp()),
+    last_heartbeat_at = coalesce(%(now)s::timestamptz, clock_timestamp())
+-- (By primary key from an array, not joined: joined, a long queue's estimates could
+-- turn the join into a hash of the whole table.)
+WHERE a.id = ANY (ARRAY(SELECT id FROM allowed))
+RETURNING a.id, a.claim_token, a.conversation_id, a.user_id, a.tenant_id, a.request,
+    a.user_message_id, a.cancel_requested, a.created_at, a.started_at, a.deadline_at, a.priority,
+    a.lineage_id, a.attempt, a.resumes,
+    (SELECT m.content FROM {schema}.message m WHERE m.id = a.user_message_id) AS content,
+    (SELECT coalesce(max(e.seq), 0) FROM {schema}.run_event e WHERE e.run_id = a.id) AS last_seq,
+    a.agent_key, a.parent_run_id, a.root_run_id

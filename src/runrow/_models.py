@@ -285,6 +285,9 @@ class UsageBudget:
         return (self.tokens is not None and self.spent_tokens >= self.tokens) or (
             self.cost is not None and self.spent_cost >= self.cost
         )
+
+
+@dataclass(frozen=True, slots=True)
 class RateLimit:
     """A key's rate limit and gate (see :func:`runrow.set_rate_limit`).
 
