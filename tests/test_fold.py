@@ -164,7 +164,7 @@ async def test_a_connection_cut_between_the_ending_and_the_claim(
         second = await enqueue_turn(dsn, schema, "slow-claim")
         gate.set()
         sleeper = await wait_for(
-            lambda: _sleeping_backend(conn), timeout=10, what="the claim asleep in its trigger"
+            lambda: _sleeping_backend(conn, schema), timeout=10, what="the claim asleep in its trigger"
         )
         assert await status_of(conn, schema, first.id) == "running"  # the ending waits with the claim
         await conn.execute(sql.SQL("DROP TRIGGER slow_claim ON {}").format(table(schema, "agent_run")))
@@ -247,9 +247,14 @@ async def _all_done(conn: psycopg.AsyncConnection, schema: str, turns: list[Any]
     return all([await _status_is(conn, schema, t.id, "completed") for t in turns])
 
 
-async def _sleeping_backend(conn: psycopg.AsyncConnection) -> int | None:
+async def _sleeping_backend(conn: psycopg.AsyncConnection, schema: str) -> int | None:
+    """The backend asleep in this test's trigger: its statement names this test's schema.
+    (Another test's backend may still be asleep in a trigger of its own on the same
+    server: a client that goes away does not wake a backend in pg_sleep.)"""
     cur = await conn.execute(
         "SELECT pid FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND pid <> pg_backend_pid()"
+        " AND strpos(query, %s) > 0",
+        (f'"{schema}".',),
     )
     row = await cur.fetchone()
     return None if row is None else int(row[0])
