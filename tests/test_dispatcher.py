@@ -709,50 +709,70 @@ async def test_the_ending_writers_session_bound_never_reaches_other_statements(
     async with pool, runrow.Dispatcher(pool, agent, schema=schema, notifications=False, **FAST) as d:
         first = await runrow.enqueue(dsn, schema=schema, conversation_id="a", user_id="u", content=1)
         await wait_for(lambda: is_terminal(conn, schema, first.id), what="the first ending")
-        kept = d._parts.endings.conn._conn
-        assert kept is not None
-        cur = await kept.execute("SELECT current_setting('statement_timeout')")
-        assert (await cur.fetchone()) != ("0",), "the kept connection carries no session bound"
-        found = await pool_settings(d)
-        assert found and all(f == ("0", "0") for f in found), found
+        # The pool hands the released connection to the ending writer again: its session no
+        # longer carries the bound, so the next ending must set it again, not go alone. Other
+        # services borrow and give back connections at any instant (the registry's beat, a
+        # schedules pass), so the writer may be handed another one: each try is a whole
+        # cycle (a refused ending lets the connection go, then the pool offers it back), and
+        # the test fails if five tries in a row never hand the writer its old connection.
+        for attempt in range(5):
+            kept = d._parts.endings.conn._conn
+            assert kept is not None
+            cur = await kept.execute("SELECT current_setting('statement_timeout')")
+            assert (await cur.fetchone()) != ("0",), "the kept connection carries no session bound"
+            found = await pool_settings(d)
+            assert found and all(f == ("0", "0") for f in found), found
 
-        # A refused ending gives the kept connection back to the pool.
-        await _refuse_completions(conn, schema)
-        refused = await runrow.enqueue(dsn, schema=schema, conversation_id="b", user_id="u", content=1)
-        await wait_for(
-            lambda: d.get_stats()["claimed"] == 2 and not d.in_flight, what="the refused run let go"
-        )
-        assert await status_of(conn, schema, refused.id) == "running"
-        assert d._parts.endings.conn._conn is not kept
-        if not kept.closed:
-            cur = await kept.execute(
-                "SELECT current_setting('statement_timeout'), current_setting('lock_timeout')"
+            # A refused ending gives the kept connection back to the pool.
+            claimed = d.get_stats()["claimed"]
+            await _refuse_completions(conn, schema)
+            refused = await runrow.enqueue(
+                dsn, schema=schema, conversation_id=f"b{attempt}", user_id="u", content=1
             )
-            assert await cur.fetchone() == ("0", "0"), "the kept connection went back with its bound"
-        found = await pool_settings(d)
-        assert found and all(f == ("0", "0") for f in found), found
+            await wait_for(
+                lambda: d.get_stats()["claimed"] == claimed + 1 and not d.in_flight,
+                what="the refused run let go",
+            )
+            assert await status_of(conn, schema, refused.id) == "running"
+            assert d._parts.endings.conn._conn is not kept
+            if not kept.closed:
+                cur = await kept.execute(
+                    "SELECT current_setting('statement_timeout'), current_setting('lock_timeout')"
+                )
+                assert await cur.fetchone() == ("0", "0"), "the kept connection went back with its bound"
+            found = await pool_settings(d)
+            assert found and all(f == ("0", "0") for f in found), found
 
-        # The pool hands that same connection to the ending writer again: its session no
-        # longer carries the bound, so the next ending must set it again, not go alone.
-        await conn.execute(sql.SQL("DROP TRIGGER refuse_completion ON {}").format(table(schema, "agent_run")))
-        assert not kept.closed  # a healthy connection: its bound came off, it went back open
-        others = []
-        try:
-            # Hold every idle connection but that one (the writer may have taken others
-            # since: a refused ending is written again alone after the claim it carried).
-            taken = [await d.pool.getconn(timeout=1.0) for _ in range(d.pool.get_stats()["pool_available"])]
-            while kept not in taken:  # borrowed for a moment by another service
-                taken.append(await d.pool.getconn(timeout=5.0))
-            others = [c for c in taken if c is not kept]
-            await d.pool.putconn(kept)
-            again = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content=1)
-            await wait_for(lambda: is_terminal(conn, schema, again.id), what="the next ending")
-        finally:
-            for c in others:
-                await d.pool.putconn(c)
-        assert d._parts.endings.conn._conn is kept, "the ending writer took another connection"
-        cur = await kept.execute("SELECT current_setting('statement_timeout')")
-        assert (await cur.fetchone()) != ("0",), "an ending went out on the reused connection unbounded"
+            await conn.execute(
+                sql.SQL("DROP TRIGGER refuse_completion ON {t}; DROP FUNCTION {fn}()").format(
+                    t=table(schema, "agent_run"), fn=sql.Identifier(schema, "refuse_completion")
+                )
+            )
+            assert not kept.closed  # a healthy connection: its bound came off, it went back open
+            others = []
+            try:
+                # Hold every idle connection but that one (the writer may have taken others
+                # since: a refused ending is written again alone after the claim it carried).
+                taken = [await d.pool.getconn(timeout=1.0) for _ in range(d.pool.get_stats()["pool_available"])]
+                while kept not in taken:  # borrowed for a moment by another service
+                    taken.append(await d.pool.getconn(timeout=5.0))
+                others = [c for c in taken if c is not kept]
+                await d.pool.putconn(kept)
+                again = await runrow.enqueue(
+                    dsn, schema=schema, conversation_id=f"c{attempt}", user_id="u", content=1
+                )
+                await wait_for(lambda: is_terminal(conn, schema, again.id), what="the next ending")
+            finally:
+                for c in others:
+                    await d.pool.putconn(c)
+            writer = d._parts.endings.conn._conn
+            assert writer is not None
+            cur = await writer.execute("SELECT current_setting('statement_timeout')")
+            assert (await cur.fetchone()) != ("0",), "an ending went out on a pooled connection unbounded"
+            if writer is kept:
+                break
+        else:
+            pytest.fail("five tries, and the ending writer never took its old connection back")
 
 
 async def test_a_clean_shutdown_logs_no_warning(
