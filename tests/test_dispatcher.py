@@ -730,7 +730,7 @@ async def test_the_ending_writers_session_bound_never_reaches_other_statements(
                 dsn, schema=schema, conversation_id=f"b{attempt}", user_id="u", content=1
             )
             await wait_for(
-                lambda: d.get_stats()["claimed"] == claimed + 1 and not d.in_flight,
+                lambda claimed=claimed: d.get_stats()["claimed"] == claimed + 1 and not d.in_flight,
                 what="the refused run let go",
             )
             assert await status_of(conn, schema, refused.id) == "running"
@@ -753,7 +753,9 @@ async def test_the_ending_writers_session_bound_never_reaches_other_statements(
             try:
                 # Hold every idle connection but that one (the writer may have taken others
                 # since: a refused ending is written again alone after the claim it carried).
-                taken = [await d.pool.getconn(timeout=1.0) for _ in range(d.pool.get_stats()["pool_available"])]
+                taken = [
+                    await d.pool.getconn(timeout=1.0) for _ in range(d.pool.get_stats()["pool_available"])
+                ]
                 while kept not in taken:  # borrowed for a moment by another service
                     taken.append(await d.pool.getconn(timeout=5.0))
                 others = [c for c in taken if c is not kept]
@@ -761,7 +763,9 @@ async def test_the_ending_writers_session_bound_never_reaches_other_statements(
                 again = await runrow.enqueue(
                     dsn, schema=schema, conversation_id=f"c{attempt}", user_id="u", content=1
                 )
-                await wait_for(lambda: is_terminal(conn, schema, again.id), what="the next ending")
+                await wait_for(
+                    lambda again=again: is_terminal(conn, schema, again.id), what="the next ending"
+                )
             finally:
                 for c in others:
                     await d.pool.putconn(c)
