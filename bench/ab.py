@@ -22,6 +22,12 @@ without its steps, and the report says so. ``--concurrency`` sets the drains' in
 counts (default 1,4,16); ``--server system`` runs on Debian's stock server (as
 bench/run.py; default: runrow.embedded's choice). bench/baseline.py runs this against
 the pinned baseline.
+
+``--statements`` says where a difference comes from: the server loads pg_stat_statements,
+and each side's statements are summed over its rounds (server time and WAL bytes per
+call, and per drained run), matched across sides by their text with the schema name
+taken out, largest total difference first. (The counters cost the server a little on
+both sides alike; read the ratios from a run without it.)
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -129,6 +136,7 @@ async def _child(
                 await anyio.sleep(0.002)
             elapsed, cpu = time.monotonic() - t0, time.process_time() - cpu0
         results[case] = n / elapsed
+        results["_drained"] = results.get("_drained", 0.0) + n
         # The worker process's CPU per run: robust to a busy machine, unlike runs/s.
         # (It includes this loop's 2 ms polls: the same on both sides.)
         results[f"{case} cpu us/run"] = cpu / n * 1e6
@@ -199,6 +207,58 @@ def _run_side(
     return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
+def _statements(conninfo: str, schema: str) -> dict[str, list[float]]:
+    """This schema's statements since the last reset: text (schema taken out) -> [calls,
+    server ms, WAL bytes]; pg_stat_statements is reset for the next side."""
+    import psycopg
+
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT query, calls, total_exec_time, wal_bytes FROM pg_stat_statements WHERE query LIKE %s",
+            (f"%{schema}%",),
+        ).fetchall()
+        conn.execute("SELECT pg_stat_statements_reset()")
+    found: dict[str, list[float]] = {}
+    for query, calls, ms, wal in rows:
+        text = re.sub(r"--[^\n]*", " ", query.replace(f'"{schema}"', "S").replace(schema, "S"))
+        text = " ".join(text.split())
+        sums = found.setdefault(text, [0.0, 0.0, 0.0])
+        sums[0] += calls
+        sums[1] += ms
+        sums[2] += float(wal)
+    return found
+
+
+def _print_statements(per: dict[str, dict[str, list[float]]], runs: dict[str, float]) -> None:
+    texts = set(per["a"]) | set(per["b"])
+    zero = [0.0, 0.0, 0.0]
+
+    def per_run(side: str, text: str) -> float:
+        return per[side].get(text, zero)[1] / max(runs[side], 1.0) * 1000.0
+
+    print(f"\nstatements (server time per drained run, us; A {runs['a']:,.0f} runs, B {runs['b']:,.0f})")
+    print(
+        f"{'A us/run':>9}{'B us/run':>9}{'A calls':>8}{'B calls':>8}{'A us/call':>10}{'B us/call':>10}"
+        f"{'A WAL':>7}{'B WAL':>7}  statement (calls and WAL bytes per run)"
+    )
+    total = {"a": 0.0, "b": 0.0}
+    for text in sorted(texts, key=lambda t: -abs(per_run("b", t) - per_run("a", t))):
+        a, b = per["a"].get(text, zero), per["b"].get(text, zero)
+        total["a"] += per_run("a", text)
+        total["b"] += per_run("b", text)
+        ca = a[1] / a[0] * 1000.0 if a[0] else 0.0
+        cb = b[1] / b[0] * 1000.0 if b[0] else 0.0
+        wa = a[2] / max(runs["a"], 1.0)
+        wb = b[2] / max(runs["b"], 1.0)
+        na = a[0] / max(runs["a"], 1.0)
+        nb = b[0] / max(runs["b"], 1.0)
+        print(
+            f"{per_run('a', text):>9.1f}{per_run('b', text):>9.1f}{na:>8.2f}{nb:>8.2f}{ca:>10.1f}{cb:>10.1f}"
+            f"{wa:>7.0f}{wb:>7.0f}  {text[:100]}"
+        )
+    print(f"{total['a']:>9.1f}{total['b']:>9.1f}  (all statements)")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -219,6 +279,9 @@ def main() -> int:
         "--turn-concurrency", default="", help="in-flight counts of the agent-shaped turn (none)"
     )
     parser.add_argument("--server", help="as bench/run.py: system, embedded or a directory")
+    parser.add_argument(
+        "--statements", action="store_true", help="per-statement server time and WAL of each side"
+    )
     args = parser.parse_args()
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
@@ -244,8 +307,17 @@ def main() -> int:
 
         bin_dir = find_bin_dir(args.server)
     per: dict[str, dict[str, list[float]]] = {"a": {}, "b": {}}
-    with EmbeddedPostgres(bin_dir=bin_dir) as pg:
+    stmts: dict[str, dict[str, list[float]]] = {"a": {}, "b": {}}
+    drained = {"a": 0.0, "b": 0.0}
+    settings = {"shared_preload_libraries": "pg_stat_statements"} if args.statements else None
+    with EmbeddedPostgres(bin_dir=bin_dir, settings=settings) as pg:
         conninfo = pg.conninfo()
+        if args.statements:
+            import psycopg
+
+            with psycopg.connect(conninfo, autocommit=True) as conn:
+                conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+                conn.execute("SELECT pg_stat_statements_reset()")
         for r in range(args.rounds):
             order = ("a", "b") if r % 2 == 0 else ("b", "a")
             for side in order:
@@ -255,12 +327,24 @@ def main() -> int:
                 )
                 for case, value in got.items():
                     per[side].setdefault(case, []).append(value)
+                if args.statements:
+                    for text, sums in _statements(conninfo, f"ab_{side}{r}").items():
+                        into = stmts[side].setdefault(text, [0.0, 0.0, 0.0])
+                        for i, v in enumerate(sums):
+                            into[i] += v
+                    drained[side] += got.get("_drained", 0.0)
                 print(
-                    f"round {r + 1} {side}: " + ", ".join(f"{k} {v:,.1f}" for k, v in got.items()), flush=True
+                    f"round {r + 1} {side}: "
+                    + ", ".join(f"{k} {v:,.1f}" for k, v in got.items() if not k.startswith("_")),
+                    flush=True,
                 )
     print(f"\n{'case':<16}{'A median':>12}{'B median':>12}{'B/A':>8}   A rounds | B rounds")
     summary: dict[str, Any] = {}
+    if args.statements:
+        _print_statements(stmts, drained)
     for case in per["a"]:
+        if case.startswith("_"):
+            continue
         a, b = statistics.median(per["a"][case]), statistics.median(per["b"][case])
         summary[case] = {"a": per["a"][case], "b": per["b"][case], "ratio": b / a}
         fa = " ".join(f"{v:,.0f}" if v > 50 else f"{v:.1f}" for v in per["a"][case])
