@@ -201,7 +201,9 @@ async def run(conninfo: str, big: int, small: int, reps: int, show_plans: bool) 
     try:
         for label, n in (("small", small), ("big", big)):
             schemas[label] = f"admin_bench_{label}"
-            await runrow.migrate(conninfo, schema=schemas[label], dashboard_indexes=True)  # (opt-in since schema 12)
+            await runrow.migrate(
+                conninfo, schema=schemas[label], dashboard_indexes=True
+            )  # (opt-in since schema 12)
             print(f"seeded {n:,} runs in {await seed(conninfo, schemas[label], n):.1f} s", flush=True)
         if show_plans:
             await explain(conninfo, schemas["big"], big)

@@ -81,9 +81,10 @@ async def measure(conninfo: str, mode: str, trees: int, concurrency: int) -> dic
     """One drain of ``trees`` trees (or as many flat turns); its rates and WAL per run."""
     b = Bench(conninfo, PROFILES["quick"])
     runs = trees * (CHILDREN + 1)
-    async with b.schema(f"tree_{mode}") as schema, await psycopg.AsyncConnection.connect(
-        conninfo, autocommit=True
-    ) as conn:
+    async with (
+        b.schema(f"tree_{mode}") as schema,
+        await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn,
+    ):
         dispatcher = runrow.Dispatcher(
             conninfo,
             orchestrator,
@@ -126,7 +127,9 @@ async def bench(conninfo: str, trees: int, reps: int, levels: list[int]) -> None
                 r = await measure(conninfo, mode, trees, c)
                 got.setdefault((mode, c), []).append(r)
                 print(f"round {rep + 1} c{c} {mode}: " + ", ".join(f"{k} {v:,.1f}" for k, v in r.items()))
-    print(f"\n{trees} trees of {CHILDREN + 1} runs (children: {STEPS}-step turns); {reps} reps; median (min-max)")
+    print(
+        f"\n{trees} trees of {CHILDREN + 1} runs (children: {STEPS}-step turns); {reps} reps; median (min-max)"
+    )
     print(f"{'case':<10} {'trees/s':>18} {'runs/s':>22} {'WAL B/run':>10} {'overhead':>9}")
     for c in levels:
         flat_runs = statistics.median(r["runs/s"] for r in got[("flat", c)])
@@ -140,7 +143,9 @@ async def bench(conninfo: str, trees: int, reps: int, levels: list[int]) -> None
             wal = statistics.median(r["wal/run"] for r in rows)
             runs_s = statistics.median(r["runs/s"] for r in rows)
             trees_s = span("trees/s") if mode == "tree" else "-"
-            print(f"{mode} c{c:<5} {trees_s:>18} {span('runs/s'):>22} {wal:>10,.0f} {flat_runs / runs_s:>9.2f}")
+            print(
+                f"{mode} c{c:<5} {trees_s:>18} {span('runs/s'):>22} {wal:>10,.0f} {flat_runs / runs_s:>9.2f}"
+            )
 
 
 def main() -> None:

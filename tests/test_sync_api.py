@@ -119,7 +119,13 @@ for _name in APIS:
                 "webhook_deliveries",
             ):  # fmt: skip
                 args = (dsn,)
-            elif _n in (*SCHEDULE_APIS, "set_rate_limit", "remove_rate_limit", "remove_webhook", "send_test_webhook"):
+            elif _n in (
+                *SCHEDULE_APIS,
+                "set_rate_limit",
+                "remove_rate_limit",
+                "remove_webhook",
+                "send_test_webhook",
+            ):
                 args = (dsn, "s")
             elif _n == "add_webhook":
                 args = (dsn, "s", "https://example.com/hook")

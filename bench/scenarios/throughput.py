@@ -340,7 +340,8 @@ async def drain_bare_pipelined(
         nonlocal done
         cur = psycopg.AsyncRawCursor(writer)
         await cur.execute(
-            finalize.query, finalize.bind(finalize_params(ch, [(r[0], r[1], int(r[LAST_SEQ]) + 1) for r in batch]))
+            finalize.query,
+            finalize.bind(finalize_params(ch, [(r[0], r[1], int(r[LAST_SEQ]) + 1) for r in batch])),
         )
         done += len(await cur.fetchall())
 

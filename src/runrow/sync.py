@@ -402,6 +402,8 @@ def get_usage_budget(
 def remove_usage_budget(db: SyncDatabase, tenant_id: str | None, *, schema: str = DEFAULT_SCHEMA) -> bool:
     """:func:`runrow.remove_usage_budget` on a synchronous connection, pool or conninfo."""
     return _syncdb.perform(db, schema, _usage.remove_usage_budget_op(tenant_id, schema=schema))
+
+
 def set_rate_limit(
     db: SyncDatabase, key: str, *, runs: int, per: float | timedelta, schema: str = DEFAULT_SCHEMA
 ) -> RateLimit:
@@ -417,6 +419,8 @@ def list_rate_limits(db: SyncDatabase, *, schema: str = DEFAULT_SCHEMA) -> list[
 def remove_rate_limit(db: SyncDatabase, key: str, *, schema: str = DEFAULT_SCHEMA) -> bool:
     """:func:`runrow.remove_rate_limit` on a synchronous connection, pool or conninfo."""
     return _syncdb.perform(db, schema, _limits.remove_rate_limit_op(key, schema=schema))
+
+
 def add_webhook(
     db: SyncDatabase,
     name: str,
