@@ -1,0 +1,275 @@
+"""Steering (#41 point 6): a message sent with ``on_busy="steer"`` while a turn runs is
+delivered into that turn where its agent reads it (``run.steering()``), as a recorded
+step; a replay delivers the same messages at the same place; a message no turn read runs
+as a turn of its own. Never lost, never delivered twice."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import anyio
+import psycopg
+import pytest
+from psycopg import sql
+
+import runrow
+from runrow._engine.steering import STEERING
+
+from .helpers import assert_journal_sound, events, is_terminal, rows, run_row, status_of, table, wait_for
+
+pytestmark = pytest.mark.anyio
+
+FAST = {"poll": 0.2, "heartbeat": 0.2, "lease": 2.0, "grace": 1.0, "reap_interval": 0.1}
+
+
+async def _send(dsn: str, schema: str, content: str, on_busy: Any = "steer", conv: str = "c") -> runrow.Run:
+    return await runrow.enqueue(
+        dsn, schema=schema, conversation_id=conv, user_id="u", content=content, on_busy=on_busy
+    )
+
+
+async def _ended(conn: psycopg.AsyncConnection, schema: str, *ids: uuid.UUID) -> bool:
+    return all([await is_terminal(conn, schema, i) for i in ids])
+
+
+async def _deliveries(conn: psycopg.AsyncConnection, schema: str) -> list[dict[str, Any]]:
+    query = sql.SQL(
+        "SELECT lineage_id, run_id, occurrence, position, result FROM {} WHERE key = %s"
+        " ORDER BY lineage_id, occurrence"
+    ).format(table(schema, "run_step"))
+    names = ("lineage_id", "run_id", "occurrence", "position", "result")
+    return [dict(zip(names, r, strict=True)) for r in await rows(conn, query, (STEERING,))]
+
+
+async def _transcript(dsn: str, schema: str, conv: str = "c") -> list[tuple[str, Any]]:
+    return [(m.role, m.content) for m in await runrow.transcript(dsn, conv, schema=schema)]
+
+
+async def test_a_steering_message_is_delivered_into_the_running_turn(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    started, go = anyio.Event(), anyio.Event()
+    got: list[runrow.SteeringMessage] = []
+
+    async def agent(run: runrow.RunContext) -> None:
+        if run.content != "first":
+            await run.write_message("a turn of its own")
+            return
+        started.set()
+        await go.wait()
+        await run.write_message("before reading")
+        async for message in run.steering():
+            got.append(message)
+        await run.write_message(f"read {[m.content for m in got]}")
+
+    first = await _send(dsn, schema, "first", on_busy="enqueue")
+    async with runrow.Dispatcher(dsn, agent, schema=schema, **FAST):
+        with anyio.fail_after(30):
+            await started.wait()
+        steer = await _send(dsn, schema, "also this")
+        assert steer.status == "queued" and steer.created
+        go.set()
+        await wait_for(lambda: _ended(conn, schema, first.id, steer.id), what="both turns ended")
+    assert [(m.content, m.run_id, m.user_id) for m in got] == [("also this", steer.id, "u")]
+    assert got[0].message_id == steer.user_message_id
+    assert await status_of(conn, schema, first.id) == "completed"
+    info = await runrow.get_run(dsn, steer.id, schema=schema)
+    assert info.status == "absorbed" and info.absorbed_into == first.id and info.steerable and info.terminal
+    # The absorbed turn's journal ends with its one terminal event, naming where it went.
+    evs = await assert_journal_sound(conn, schema, steer.id)
+    assert evs[-1][2] == {"status": "absorbed", "reason": "steered", "into": str(first.id)}
+    # The reading run journals the delivery, once, where it read it.
+    evs = await assert_journal_sound(conn, schema, first.id)
+    delivered = [e for e in evs if e[1] == "steering_delivered"]
+    assert [e[2] for e in delivered] == [
+        {
+            "message_id": str(steer.user_message_id),
+            "run_id": str(steer.id),
+            "content": "also this",
+            "user_id": "u",
+        }
+    ]
+    # The transcript shows the message where the turn read it (sent before "before
+    # reading" was written, it comes after it), and no turn answered it on its own.
+    assert await _transcript(dsn, schema) == [
+        ("user", "first"),
+        ("assistant", "before reading"),
+        ("user", "also this"),
+        ("assistant", "read ['also this']"),
+    ]
+    # The delivery is a recorded step of the reading run: the ids, in order.
+    (step,) = await _deliveries(conn, schema)
+    assert step["run_id"] == first.id and step["occurrence"] == 0
+    assert step["result"] == [{"message_id": str(steer.user_message_id), "run_id": str(steer.id)}]
+
+
+async def test_several_messages_come_in_the_order_sent_and_an_empty_delivery_is_recorded(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    started, go = anyio.Event(), anyio.Event()
+    seen: list[list[str]] = []
+
+    async def agent(run: runrow.RunContext) -> None:
+        seen.append([m.content for m in await run.steering()])  # nothing sent yet
+        started.set()
+        await go.wait()
+        seen.append([m.content for m in await run.steering()])
+        seen.append([m.content for m in await run.steering()])  # all taken already
+
+    first = await _send(dsn, schema, "first", on_busy="enqueue")
+    async with runrow.Dispatcher(dsn, agent, schema=schema, **FAST):
+        with anyio.fail_after(30):
+            await started.wait()
+        sent = [await _send(dsn, schema, f"m{i}") for i in range(5)]
+        go.set()
+        await wait_for(lambda: _ended(conn, schema, first.id, *(s.id for s in sent)), what="the turns ended")
+    assert seen == [[], [f"m{i}" for i in range(5)], []]
+    steps = await _deliveries(conn, schema)
+    assert [s["occurrence"] for s in steps] == [0, 1, 2]
+    assert [len(s["result"]) for s in steps] == [0, 5, 0]
+    assert [await status_of(conn, schema, s.id) for s in sent] == ["absorbed"] * 5
+    assert [c for _, c in await _transcript(dsn, schema)] == ["first", "m0", "m1", "m2", "m3", "m4"]
+
+
+async def test_an_unread_message_runs_as_the_next_turn(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    started, go = anyio.Event(), anyio.Event()
+
+    async def agent(run: runrow.RunContext) -> None:
+        if run.content == "first":
+            started.set()
+            await go.wait()  # and never reads steering
+        await run.write_message(f"answer to {run.content}")
+
+    first = await _send(dsn, schema, "first", on_busy="enqueue")
+    async with runrow.Dispatcher(dsn, agent, schema=schema, **FAST):
+        with anyio.fail_after(30):
+            await started.wait()
+        steer = await _send(dsn, schema, "unread")
+        go.set()
+        await wait_for(lambda: _ended(conn, schema, first.id, steer.id), what="both turns ended")
+    assert await status_of(conn, schema, steer.id) == "completed"
+    assert await _transcript(dsn, schema) == [
+        ("user", "first"),
+        ("assistant", "answer to first"),
+        ("user", "unread"),
+        ("assistant", "answer to unread"),
+    ]
+
+
+async def test_a_steer_into_an_idle_conversation_is_an_ordinary_turn(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    async def agent(run: runrow.RunContext) -> None:
+        assert await run.steering() == []
+        await run.write_message("ok")
+
+    steer = await _send(dsn, schema, "hello")
+    async with runrow.Dispatcher(dsn, agent, schema=schema, **FAST):
+        await wait_for(lambda: _ended(conn, schema, steer.id), what="the turn ended")
+    assert await status_of(conn, schema, steer.id) == "completed"
+
+
+async def test_a_turn_of_another_kind_is_a_barrier_messages_keep_their_order(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    """Running R, then an ordinary turn Q, then steer S: R cannot take S (it would jump Q);
+    Q, once it runs, reads S."""
+    started, go = anyio.Event(), anyio.Event()
+    read: dict[str, list[str]] = {}
+
+    async def agent(run: runrow.RunContext) -> None:
+        if run.content == "first":
+            started.set()
+            await go.wait()
+        read[run.content] = [m.content for m in await run.steering()]
+
+    first = await _send(dsn, schema, "first", on_busy="enqueue")
+    async with runrow.Dispatcher(dsn, agent, schema=schema, **FAST):
+        with anyio.fail_after(30):
+            await started.wait()
+        q = await _send(dsn, schema, "q", on_busy="enqueue")
+        s = await _send(dsn, schema, "s")
+        go.set()
+        await wait_for(lambda: _ended(conn, schema, first.id, q.id, s.id), what="the turns ended")
+    assert read == {"first": [], "q": ["s"]}
+    assert (await run_row(conn, schema, s.id))["absorbed_into"] == q.id
+
+
+async def test_a_stopped_conversation_hands_steering_messages_back_and_a_stopping_run_takes_none(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    started, go = anyio.Event(), anyio.Event()
+    read: list[list[str]] = []
+
+    async def agent(run: runrow.RunContext) -> None:
+        if run.content == "first":
+            started.set()
+            with anyio.CancelScope(shield=True):
+                await go.wait()
+                read.append([m.content for m in await run.steering()])
+        else:
+            await run.write_message("own")
+
+    first = await _send(dsn, schema, "first", on_busy="enqueue")
+    async with runrow.Dispatcher(dsn, agent, schema=schema, **FAST):
+        with anyio.fail_after(30):
+            await started.wait()
+        steer = await _send(dsn, schema, "later")
+        await runrow.cancel_run(dsn, first.id, schema=schema)  # this run alone: S stays queued
+        await wait_for(lambda: _flag(conn, schema, first.id), what="the stop flag on the running run")
+        go.set()
+        await wait_for(lambda: _ended(conn, schema, first.id, steer.id), what="both ended")
+    assert read == [[]]
+    assert await status_of(conn, schema, steer.id) == "completed"  # ran as its own turn
+
+
+async def _flag(conn: psycopg.AsyncConnection, schema: str, run_id: uuid.UUID) -> bool:
+    return bool((await run_row(conn, schema, run_id))["cancel_requested"])
+
+
+async def test_bad_input_and_a_lost_claim(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
+    with pytest.raises(runrow.InvalidInput, match="steer"):
+        await _send(dsn, schema, "x", on_busy="nudge")
+    from runrow import sync
+
+    with psycopg.connect(dsn, autocommit=True) as sconn:
+        made = sync.enqueue(
+            sconn, conversation_id="s", user_id="u", content="sync steer", on_busy="steer", schema=schema
+        )
+    assert (await run_row(conn, schema, made.id))["steerable"] is True
+
+    lost: list[BaseException] = []
+    started, go = anyio.Event(), anyio.Event()
+
+    async def agent(run: runrow.RunContext) -> None:
+        started.set()
+        with anyio.CancelScope(shield=True):
+            await go.wait()
+            try:
+                await run.steering()
+            except runrow.LeaseLost as exc:
+                lost.append(exc)
+
+    first = await _send(dsn, schema, "first", on_busy="enqueue", conv="l")
+    async with runrow.Dispatcher(dsn, agent, schema=schema, **FAST):
+        with anyio.fail_after(30):
+            await started.wait()
+        steer = await _send(dsn, schema, "kept", conv="l")
+        # The claim is taken from under the worker (as a reaper would): its delivery is fenced out.
+        await conn.execute(
+            sql.SQL("UPDATE {} SET claim_token = gen_random_uuid() WHERE id = %s").format(
+                table(schema, "agent_run")
+            ),
+            (first.id,),
+        )
+        go.set()
+        await wait_for(lambda: _any(lost), what="LeaseLost")
+    assert await status_of(conn, schema, steer.id) == "queued"  # nothing absorbed
+    assert [d for d in await _deliveries(conn, schema) if d["run_id"] == first.id] == []
+
+
+async def _any(found: list[Any]) -> bool:
+    return bool(found)
