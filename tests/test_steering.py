@@ -273,3 +273,94 @@ async def test_bad_input_and_a_lost_claim(dsn: str, schema: str, conn: psycopg.A
 
 async def _any(found: list[Any]) -> bool:
     return bool(found)
+
+
+async def test_a_resumed_run_replays_its_delivery_at_the_same_place_and_absorbs_nothing_there(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    started, go = anyio.Event(), anyio.Event()
+    passes: list[dict[str, Any]] = []
+
+    async def agent(run: runrow.RunContext) -> None:
+        seen: dict[str, Any] = {"resumes": run.resumes}
+        passes.append(seen)
+        if run.resumes == 0:
+            started.set()
+            await go.wait()
+        seen["before"] = [m.content for m in await run.transcript()]
+        seen["one"] = [m.content for m in await run.steering()]
+        seen["after"] = [m.content for m in await run.transcript()]
+        value = await run.wait_for_input("ok")
+        seen["two"] = [m.content for m in await run.steering()]
+        await run.write_message(f"done {value}")
+
+    first = await _send(dsn, schema, "first", on_busy="enqueue")
+    async with runrow.Dispatcher(dsn, agent, schema=schema, **FAST):
+        with anyio.fail_after(30):
+            await started.wait()
+        s1 = await _send(dsn, schema, "s1")
+        go.set()
+        await wait_for(lambda: _is(conn, schema, first.id, "waiting"), what="the run to park")
+        s2 = await _send(dsn, schema, "s2")  # sent while it waits: queued behind it
+        assert await status_of(conn, schema, s2.id) == "queued"
+        await runrow.provide_input(dsn, first.id, "ok", True, schema=schema)
+        await wait_for(lambda: _ended(conn, schema, first.id, s2.id), what="the turn to end")
+    assert [p["resumes"] for p in passes] == [0, 1]
+    # The replay got s1 at the same call (not s2, queued and steerable by then), and its
+    # transcript before that call is the first pass's; s2 came at the next call.
+    assert passes[0]["one"] == passes[1]["one"] == ["s1"]
+    assert passes[0]["before"] == passes[1]["before"] == ["first"]
+    assert passes[0]["after"] == passes[1]["after"] == ["first", "s1"]
+    assert passes[1]["two"] == ["s2"]
+    assert [await status_of(conn, schema, s.id) for s in (s1, s2)] == ["absorbed", "absorbed"]
+    # Each delivery journaled once: the replay's journal was muted up to the pause.
+    evs = await assert_journal_sound(conn, schema, first.id)
+    assert [e[2]["content"] for e in evs if e[1] == "steering_delivered"] == ["s1", "s2"]
+    assert [s["result"] for s in await _deliveries(conn, schema)] == [
+        [{"message_id": str(s1.user_message_id), "run_id": str(s1.id)}],
+        [{"message_id": str(s2.user_message_id), "run_id": str(s2.id)}],
+    ]
+    assert [c for _, c in await _transcript(dsn, schema)] == ["first", "s1", "s2", "done True"]
+
+
+async def _is(conn: psycopg.AsyncConnection, schema: str, run_id: uuid.UUID, status: str) -> bool:
+    return await status_of(conn, schema, run_id) == status
+
+
+async def test_a_retry_replays_the_deliveries_of_the_failed_attempt(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    """An attempt that failed after a delivery: its retry (same queue place, same lineage)
+    gets the same messages at the same call, and takes new ones only at later calls."""
+    started, go = anyio.Event(), anyio.Event()
+    retrying, go_on = anyio.Event(), anyio.Event()
+    attempts: list[list[list[str]]] = []
+
+    async def agent(run: runrow.RunContext) -> None:
+        got: list[list[str]] = []
+        attempts.append(got)
+        if run.attempt == 1:
+            started.set()
+            await go.wait()
+        got.append([m.content for m in await run.steering()])
+        if run.attempt == 1:
+            raise RuntimeError("the model broke")
+        retrying.set()
+        await go_on.wait()
+        got.append([m.content for m in await run.steering()])
+
+    first = await _send(dsn, schema, "first", on_busy="enqueue")
+    policy = runrow.RetryPolicy(max_attempts=2, backoff=0)
+    async with runrow.Dispatcher(dsn, agent, schema=schema, retry=policy, **FAST):
+        with anyio.fail_after(30):
+            await started.wait()
+        s1 = await _send(dsn, schema, "s1")
+        go.set()
+        with anyio.fail_after(30):
+            await retrying.wait()  # the retry has replayed its first delivery
+        s2 = await _send(dsn, schema, "s2")
+        go_on.set()
+        await wait_for(lambda: _is(conn, schema, s2.id, "absorbed"), what="the retry's second delivery")
+    assert attempts == [[["s1"]], [["s1"], ["s2"]]]
+    retry = (await run_row(conn, schema, s2.id))["absorbed_into"]
+    assert retry != first.id and (await run_row(conn, schema, retry))["lineage_id"] == first.id
