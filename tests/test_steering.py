@@ -16,7 +16,7 @@ from psycopg import sql
 import runrow
 from runrow._engine.steering import STEERING
 
-from .helpers import assert_journal_sound, events, is_terminal, rows, run_row, status_of, table, wait_for
+from .helpers import assert_journal_sound, is_terminal, rows, run_row, status_of, table, wait_for
 
 pytestmark = pytest.mark.anyio
 
@@ -354,7 +354,7 @@ async def test_a_retry_replays_the_deliveries_of_the_failed_attempt(
     async with runrow.Dispatcher(dsn, agent, schema=schema, retry=policy, **FAST):
         with anyio.fail_after(30):
             await started.wait()
-        s1 = await _send(dsn, schema, "s1")
+        await _send(dsn, schema, "s1")
         go.set()
         with anyio.fail_after(30):
             await retrying.wait()  # the retry has replayed its first delivery
