@@ -5,6 +5,7 @@ as a turn of its own. Never lost, never delivered twice."""
 
 from __future__ import annotations
 
+import random
 import uuid
 from typing import Any
 
@@ -364,3 +365,107 @@ async def test_a_retry_replays_the_deliveries_of_the_failed_attempt(
     assert attempts == [[["s1"]], [["s1"], ["s2"]]]
     retry = (await run_row(conn, schema, s2.id))["absorbed_into"]
     assert retry != first.id and (await run_row(conn, schema, retry))["lineage_id"] == first.id
+
+
+async def test_concurrent_steering_messages_are_each_delivered_exactly_once(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    """Many connections send steering messages while the turn reads them in a loop (and the
+    turns that run later read too): each message is delivered by exactly one delivery or
+    runs as a turn of its own; none is lost, none is read twice; each sender's messages
+    come in the order it sent them."""
+    started = anyio.Event()
+    done = anyio.Event()
+    read: dict[uuid.UUID, list[list[str]]] = {}
+
+    async def agent(run: runrow.RunContext) -> None:
+        got = read.setdefault(run.run_id, [])
+        if run.content == "lead":
+            started.set()
+            while not done.is_set():
+                got.append([m.content for m in await run.steering()])
+                await anyio.sleep(0.005)
+        got.append([m.content for m in await run.steering()])
+
+    lead = await _send(dsn, schema, "lead", on_busy="enqueue")
+    senders, each = 8, 12
+    sent: list[runrow.Run] = []
+    async with runrow.Dispatcher(dsn, agent, schema=schema, concurrency=4, **FAST):
+        with anyio.fail_after(30):
+            await started.wait()
+
+        async def sender(k: int) -> None:
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as own:
+                for i in range(each):
+                    sent.append(
+                        await runrow.enqueue(
+                            own,
+                            schema=schema,
+                            conversation_id="c",
+                            user_id="u",
+                            content=f"{k}:{i}",
+                            on_busy="steer",
+                        )
+                    )
+                    if len(sent) >= senders * each // 2:
+                        done.set()  # the lead ends: later messages run as turns, or are read by them
+                    await anyio.sleep(random.uniform(0, 0.03))  # interleaved with the deliveries
+
+        async with anyio.create_task_group() as tg:
+            for k in range(senders):
+                tg.start_soon(sender, k)
+        done.set()
+        await wait_for(lambda: _ended(conn, schema, lead.id, *(s.id for s in sent)), what="every turn ended")
+    assert len(sent) == senders * each
+    deliveries = [(rid, place) for rid, places in read.items() for place in places]
+    delivered = [c for _, place in deliveries for c in place]
+    assert len(delivered) == len(set(delivered)), "a message delivered twice"
+    statuses = {s.id: await status_of(conn, schema, s.id) for s in sent}
+    own_turns = {rid for rid in read if rid != lead.id}
+    for s in sent:
+        if statuses[s.id] == "absorbed":
+            assert s.id not in own_turns
+        else:
+            assert statuses[s.id] == "completed" and s.id in own_turns
+    # What was read (anywhere) is exactly what was absorbed.
+    absorbed = {s.id for s in sent if statuses[s.id] == "absorbed"}
+    assert len(delivered) == len(absorbed) and own_turns
+    assert read[lead.id] and any(read[lead.id])
+    # A sender's messages keep their order (the lead's deliveries, in call order).
+    flat = [c for place in read[lead.id] for c in place]
+    for k in range(senders):
+        mine = [c for c in flat if c.startswith(f"{k}:")]
+        assert mine == sorted(mine, key=lambda c: int(c.split(":")[1]))
+
+
+async def test_an_absorbed_turn_is_not_retried_and_the_schema_holds_its_shape(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    """Retrying an absorbed turn would deliver its message twice: retry_run refuses it
+    (absorbed is no retryable ending). The schema holds that an absorbed run names the
+    run that read it, and only an absorbed run does."""
+    started, go = anyio.Event(), anyio.Event()
+
+    async def agent(run: runrow.RunContext) -> None:
+        if run.content == "first":
+            started.set()
+            await go.wait()
+            await run.steering()
+
+    first = await _send(dsn, schema, "first", on_busy="enqueue")
+    async with runrow.Dispatcher(dsn, agent, schema=schema, **FAST):
+        with anyio.fail_after(30):
+            await started.wait()
+        steer = await _send(dsn, schema, "s")
+        go.set()
+        await wait_for(lambda: _ended(conn, schema, first.id, steer.id), what="both ended")
+    assert await status_of(conn, schema, steer.id) == "absorbed"
+    with pytest.raises(runrow.RunrowError, match="absorbed"):
+        await runrow.retry_run(dsn, steer.id, schema=schema)
+    runs = table(schema, "agent_run")
+    for change in (
+        sql.SQL("UPDATE {} SET absorbed_into = NULL WHERE id = %s").format(runs),
+        sql.SQL("UPDATE {} SET status = 'completed' WHERE id = %s").format(runs),
+    ):
+        with pytest.raises(psycopg.errors.CheckViolation, match="agent_run_absorbed_into_check"):
+            await conn.execute(change, (steer.id,))

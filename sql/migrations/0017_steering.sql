@@ -8,21 +8,23 @@
 -- without them, which are not steerable), and no previous statement reads them.
 -- (Version 16 is another branch's: numbers may skip, see runrow/_sql.py.)
 
--- May an earlier turn of the conversation absorb it? Set by enqueue, never by a retry.
-ALTER TABLE {schema}.agent_run ADD COLUMN steerable boolean NOT NULL DEFAULT false;
--- An absorbed run: the run that read its message (the running turn's run at delivery).
-ALTER TABLE {schema}.agent_run ADD COLUMN absorbed_into uuid REFERENCES {schema}.agent_run (id);
-
 -- `absorbed`: a terminal status, the run's message delivered into another run. Not a
 -- cancel (the message was not handed back, and a retry of it would deliver it twice) and
--- not retryable.
+-- not retryable. The status check allows one more status: a previous release's writes
+-- (never that one) pass it.
+-- widens: agent_run_status_check
 ALTER TABLE {schema}.agent_run DROP CONSTRAINT agent_run_status_check;
 ALTER TABLE {schema}.agent_run ADD CONSTRAINT agent_run_status_check CHECK (
     status IN ('queued', 'running', 'waiting', 'completed', 'failed', 'cancelled', 'expired',
                'absorbed'));
--- An absorbed run names the run that read it, and only an absorbed run does.
-ALTER TABLE {schema}.agent_run ADD CONSTRAINT agent_run_absorbed_into_check CHECK (
-    (status = 'absorbed') = (absorbed_into IS NOT NULL));
+
+-- May an earlier turn of the conversation absorb it? Set by enqueue, never by a retry.
+ALTER TABLE {schema}.agent_run ADD COLUMN steerable boolean NOT NULL DEFAULT false;
+-- An absorbed run: the run that read its message (the running turn's run at delivery);
+-- an absorbed run names one, and only an absorbed run does (a previous release writes
+-- neither: it always holds for its rows).
+ALTER TABLE {schema}.agent_run ADD COLUMN absorbed_into uuid REFERENCES {schema}.agent_run (id)
+    CONSTRAINT agent_run_absorbed_into_check CHECK ((status = 'absorbed') <> (absorbed_into IS NULL));
 
 -- A delivered message takes its place in the reading run's turn where it was read: the
 -- delivery gives it a new position (drawn in the order the messages were sent), so the
