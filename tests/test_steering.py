@@ -469,3 +469,65 @@ async def test_an_absorbed_turn_is_not_retried_and_the_schema_holds_its_shape(
     ):
         with pytest.raises(psycopg.errors.CheckViolation, match="agent_run_absorbed_into_check"):
             await conn.execute(change, (steer.id,))
+
+
+# -- the HTTP API ----------------------------------------------------------------------
+
+
+async def test_the_http_api_takes_the_steer_policy_and_the_streams_show_the_delivery(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    import httpx
+    from psycopg_pool import AsyncConnectionPool
+    from starlette.requests import Request
+
+    from runrow.http import create_api
+
+    def user(request: Request) -> str | None:
+        return request.headers.get("x-user") or None
+
+    started, go = anyio.Event(), anyio.Event()
+
+    async def agent(run: runrow.RunContext) -> None:
+        started.set()
+        await go.wait()
+        read = [m.content for m in await run.steering()]
+        await run.write_message(f"read {read}")
+
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(dsn, open=False, kwargs={"autocommit": True})
+    api = create_api(pool, authenticate=user, schema=schema)
+    me = {"x-user": "ann"}
+    async with (
+        pool,
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=api), base_url="http://api") as client,
+        runrow.Dispatcher(dsn, agent, schema=schema, **FAST),
+    ):
+        post = "/v1/conversations/h/messages"
+        bad = await client.post(post, json={"content": "x", "on_busy": "interrupt"}, headers=me)
+        assert bad.status_code == 422 and "on_busy" in bad.json()["error"]["message"]
+        first = (await client.post(post, json={"content": "first"}, headers=me)).json()["run_id"]
+        with anyio.fail_after(30):
+            await started.wait()
+        answer = await client.post(post, json={"content": "also", "on_busy": "steer"}, headers=me)
+        assert answer.status_code == 202, answer.text
+        steer = answer.json()["run_id"]
+        go.set()
+        await wait_for(lambda: _ended(conn, schema, uuid.UUID(first), uuid.UUID(steer)), what="both ended")
+        run = (await client.get(f"/v1/runs/{steer}", headers=me)).json()
+        assert run["status"] == "absorbed" and run["absorbed_into"] == first
+        # runrow's SSE stream of the reading run carries the delivery; the absorbed run's
+        # ends with its terminal event naming the reading run.
+        text = (await client.get(f"/v1/runs/{first}/events", headers=me)).text
+        assert "event: steering_delivered" in text and '"content": "also"' in text.replace('":"', '": "')
+        text = (await client.get(f"/v1/runs/{steer}/events", headers=me)).text
+        assert '"absorbed"' in text and first in text
+        # The AI SDK stream: a data part for the delivery, and no error for the absorbed run.
+        text = (await client.get(f"/v1/runs/{first}/events?format=ai-sdk", headers=me)).text
+        assert "data-runrow-steering" in text
+        text = (await client.get(f"/v1/runs/{steer}/events?format=ai-sdk", headers=me)).text
+        assert "data-runrow-absorbed" in text and '"type":"error"' not in text.replace(" ", "")
+        # AG-UI: a custom event, and the absorbed run finishes.
+        text = (await client.get(f"/v1/runs/{first}/events?format=ag-ui", headers=me)).text
+        assert "runrow.steering_delivered" in text
+        text = (await client.get(f"/v1/runs/{steer}/events?format=ag-ui", headers=me)).text
+        assert "runrow.absorbed" in text and "RUN_FINISHED" in text and "RUN_ERROR" not in text
