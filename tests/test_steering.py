@@ -531,3 +531,38 @@ async def test_the_http_api_takes_the_steer_policy_and_the_streams_show_the_deli
         assert "runrow.steering_delivered" in text
         text = (await client.get(f"/v1/runs/{steer}/events?format=ag-ui", headers=me)).text
         assert "runrow.absorbed" in text and "RUN_FINISHED" in text and "RUN_ERROR" not in text
+
+
+async def test_runrow_check_replays_a_delivery_of_a_waiting_run(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    """``runrow check`` replays a parked run's deliveries from their records (reading the
+    messages, writing nothing) and stops where the run waits."""
+    from runrow._check import check_runs
+
+    started, go = anyio.Event(), anyio.Event()
+    seen: list[list[str]] = []
+
+    async def agent(run: runrow.RunContext) -> None:
+        if run.worker_id != "runrow-check" and run.resumes == 0:
+            started.set()
+            await go.wait()
+        seen.append([m.content for m in await run.steering()])
+        await run.wait_for_input("ok")
+
+    first = await _send(dsn, schema, "first", on_busy="enqueue")
+    async with runrow.Dispatcher(dsn, agent, schema=schema, **FAST):
+        with anyio.fail_after(30):
+            await started.wait()
+        await _send(dsn, schema, "read it")
+        go.set()
+        await wait_for(lambda: _is(conn, schema, first.id, "waiting"), what="the run to park")
+    (result,) = await check_runs(dsn, agent, schema=schema)
+    assert result.ok and "waits for it" in result.stopped, result
+    assert seen == [["read it"], ["read it"]]
+
+    async def reads_later(run: runrow.RunContext) -> None:
+        await run.wait_for_input("ok")  # the delivery was recorded before this: a mismatch
+
+    (result,) = await check_runs(dsn, reads_later, schema=schema)
+    assert not result.ok and "mismatch" in result.stopped

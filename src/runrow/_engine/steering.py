@@ -68,10 +68,7 @@ class Steering:
             if found is None:
                 self._host.lost(self._run.id)
                 raise LeaseLost(self._run.id)
-        messages = [
-            SteeringMessage(uuid.UUID(m["message_id"]), uuid.UUID(m["run_id"]), m["content"], m["user_id"])
-            for m in found
-        ]
+        messages = messages_of(found)
         for m in messages:
             self.delivered.add(m.message_id)
             await self._journal.journal(
@@ -106,6 +103,14 @@ class Steering:
         # and the turns it absorbs, and a stop holding them must delay no other run's writes.)
         async with statement_conn(self._host.pool()) as conn:
             return await run(conn, plan)
+
+
+def messages_of(found: list[dict[str, Any]]) -> list[SteeringMessage]:
+    """A delivery's messages as its statement answers them (JSON), in order."""
+    return [
+        SteeringMessage(uuid.UUID(m["message_id"]), uuid.UUID(m["run_id"]), m["content"], m["user_id"])
+        for m in found
+    ]
 
 
 class Delivery:
