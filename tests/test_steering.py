@@ -462,6 +462,13 @@ async def test_an_absorbed_turn_is_not_retried_and_the_schema_holds_its_shape(
     assert await status_of(conn, schema, steer.id) == "absorbed"
     with pytest.raises(runrow.RunrowError, match="absorbed"):
         await runrow.retry_run(dsn, steer.id, schema=schema)
+    # The dashboard's run page names the run that read it, and lists it under its status.
+    from .admin_support import admin_client
+
+    async with admin_client(dsn, schema) as client:
+        page = (await client.get(f"/admin/runs/{steer.id}")).text
+        assert "Read by run" in page and f"/admin/runs/{first.id}" in page
+        assert str(steer.id) in (await client.get("/admin/", params={"status": "absorbed"})).text
     runs = table(schema, "agent_run")
     for change in (
         sql.SQL("UPDATE {} SET absorbed_into = NULL WHERE id = %s").format(runs),
