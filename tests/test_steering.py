@@ -415,8 +415,11 @@ async def test_concurrent_steering_messages_are_each_delivered_exactly_once(
             for k in range(senders):
                 tg.start_soon(sender, k)
         done.set()
-        await wait_for(lambda: _ended(conn, schema, lead.id, *(s.id for s in sent)), what="every turn ended")
-    assert len(sent) == senders * each
+        await wait_for(lambda: _ended(conn, schema, lead.id), what="the lead turn ended")
+        for i in range(2):  # after it: these run as a turn of their own (the first may read the second)
+            sent.append(await _send(dsn, schema, f"{senders}:{i}"))
+        await wait_for(lambda: _ended(conn, schema, *(s.id for s in sent)), what="every turn ended")
+    assert len(sent) == senders * each + 2
     deliveries = [(rid, place) for rid, places in read.items() for place in places]
     delivered = [c for _, place in deliveries for c in place]
     assert len(delivered) == len(set(delivered)), "a message delivered twice"
