@@ -212,3 +212,52 @@ async def test_bad_trees_are_refused(dsn: str, schema: str, conn: psycopg.AsyncC
     assert [(e.run_seq, e.type) for e in solo] == [
         (e.seq, e.type) async for e in runrow.tail(dsn, plain.id, schema=schema)
     ]
+
+
+async def test_the_sync_tail_reads_the_same_tree(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    """runrow.sync.tail(..., tree=True), on a conninfo and on a pool, while the tree runs:
+    the same stream as the async tail's, cut and resumed."""
+    from psycopg_pool import ConnectionPool
+
+    import runrow.sync
+
+    release = anyio.Event()
+    orchestrator, agents = _agents(release)
+    async with runrow.Dispatcher(dsn, orchestrator, agents=agents, schema=schema, concurrency=4, **FAST):
+        turn = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="space")
+
+        def read_sync(db: Any) -> list[runrow.Event]:
+            got: list[runrow.Event] = []
+            while True:
+                it = runrow.sync.tail(
+                    db, turn.id, schema=schema, tree=True, from_seq=got[-1].seq if got else 0, poll=0.05
+                )
+                taken = 0
+                for e in it:
+                    if e.keepalive:
+                        continue
+                    got.append(e)
+                    taken += 1
+                    if taken == 5:
+                        break
+                else:
+                    return got
+                it.close()
+
+        async def release_soon() -> None:
+            await anyio.sleep(0.3)
+            release.set()
+
+        with ConnectionPool(dsn, min_size=1, max_size=2, kwargs={"autocommit": True}) as pool:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(release_soon)
+                own = await anyio.to_thread.run_sync(read_sync, dsn)
+                pooled = await anyio.to_thread.run_sync(read_sync, pool)
+    journals = await _journals(conn, schema, turn.id)
+    _check_stream(own, turn.id, journals)
+    assert [(e.seq, e.run_id, e.run_seq) for e in pooled] == [(e.seq, e.run_id, e.run_seq) for e in own]
+    assert [(e.seq, e.run_id, e.run_seq) for e in await _read(dsn, schema, turn.id)] == [
+        (e.seq, e.run_id, e.run_seq) for e in own
+    ]

@@ -15,32 +15,34 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from contextlib import AsyncExitStack
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import psycopg
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, Connection
 
-from . import _aio
+from . import _aio, _syncdb
 from ._db import MISSING_SCHEMA, Database, atomic, describe, out_of_date, statement_conn
 from ._errors import InvalidInput, RunNotFound
 from ._events import KEEPALIVE, Event
 from ._gateway import tree as _gw
-from ._gateway._exec import configure_own, own_transaction, run
+from ._gateway._exec import configure_own, configure_own_sync, own_transaction, run, run_sync
 from ._hub import wait_any
 from ._names import Channels
 
 if TYPE_CHECKING:
     import uuid
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Iterator
 
     from ._gateway._exec import Plan
     from ._hub import NotifyHub, Subscription
+    from ._syncdb import SyncDatabase
 
 T = TypeVar("T")
 
-__all__ = ["tail_tree"]
+__all__ = ["tail_tree", "tail_tree_sync"]
 
 log = logging.getLogger("runrow.journal")
 
@@ -158,6 +160,91 @@ async def tail_tree(
                 await wait_any(subs.values(), wait)
             else:
                 await anyio.sleep(wait)
+
+
+def tail_tree_sync(
+    db: SyncDatabase,
+    rid: uuid.UUID,
+    *,
+    from_seq: int,
+    keepalive: float,
+    poll: float,
+    schema: str,
+    batch: int,
+    prepared_statements: bool,
+) -> Iterator[Event]:
+    """:func:`tail_tree` for a synchronous host: the same passes, polling every ``poll``
+    seconds while nothing is new (no hub)."""
+    own: Connection[Any] | None = None
+
+    def conn_for(plan: Plan[T], *, transaction: bool = False) -> T:
+        nonlocal own
+        if isinstance(db, str) and (own is None or own.closed):
+            own = Connection.connect(
+                db, autocommit=True, prepare_threshold=5 if prepared_statements else None
+            )
+            if prepared_statements:
+                configure_own_sync(own)
+        source: SyncDatabase = own if own is not None else db
+        with _syncdb.schema_guard(db, schema):
+            if transaction:
+                with _syncdb.atomic(source) as conn:
+                    return run_sync(conn, plan)
+            with _syncdb.statement_conn(source) as conn:
+                return run_sync(conn, plan)
+
+    try:
+        found = conn_for(_gw.tree_root(schema, run_id=rid))
+        if found is None:
+            raise RunNotFound(rid)
+        root, its_root = found
+        if its_root is not None:
+            raise InvalidInput(
+                "run_id", f"run {rid} is a child: tail its tree's root, {its_root}, with tree=True"
+            )
+        cursor, backoff, idle_since = from_seq, poll, time.monotonic()
+        while True:
+            try:
+                step = conn_for(_gw.tree_pass(schema, root=root, after=cursor, limit=batch), transaction=True)
+            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                log.info(
+                    "tail of tree %s cannot read (%s); retrying",
+                    root,
+                    describe(exc),
+                    extra={"run_id": str(root)},
+                )
+                if own is not None:
+                    own.close()
+                backoff = min(backoff * 2, keepalive)
+                time.sleep(backoff)
+                continue
+            backoff = poll
+            if step.runs == 0:
+                raise RunNotFound(root)
+            if cursor > step.total:
+                raise InvalidInput(
+                    "from_seq",
+                    f"{cursor} is past the end of tree {root}'s stream (its last position is {step.total})",
+                )
+            for event in step.events:
+                cursor = event.seq
+                if step.ended and cursor == step.total:
+                    event = dataclasses.replace(event, final=True)
+                yield event
+            if step.ended and cursor >= step.total:
+                return
+            now = time.monotonic()
+            if step.events:
+                idle_since = now
+                if len(step.events) == batch:
+                    continue
+            if now - idle_since >= keepalive:
+                yield Event(cursor, KEEPALIVE)
+                idle_since = now
+            time.sleep(min(poll, max(0.0, idle_since + keepalive - now)))
+    finally:
+        if own is not None:
+            own.close()
 
 
 async def _with_conn(
