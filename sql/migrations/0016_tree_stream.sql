@@ -1,6 +1,7 @@
--- runrow schema, version 16 (#41): one resumable stream for a tree of runs. A tree's
--- events live in its runs' own journals (run_event); a tree tail gives them one order of
--- its own, a gap-free position per event counted from 1 across the whole tree, so that a
+-- runrow schema, version 16 (#41): one resumable stream for a tree of runs, and a cap on
+-- a tree's running runs (at the end). A tree's events live in its runs' own journals
+-- (run_event); a tree tail gives them one order of its own, a gap-free position per
+-- event counted from 1 across the whole tree, so that a
 -- client resumes the tree from one number, as it resumes a run from its seq.
 --
 -- The order is fixed by the readers, not by the workers: a tree tail appends blocks (a
@@ -35,3 +36,9 @@ CREATE TABLE {schema}.tree_member (
     done        boolean NOT NULL DEFAULT false,
     PRIMARY KEY (root_run_id, run_id)
 );
+
+-- Dispatcher(max_running_per_tree=N) (#41 point 3): a claim counts a tree's running
+-- spawned runs (up to N) by this index, never by reading the whole tree. Only spawned
+-- runs that are running are in it: a run no tree spawned never is.
+CREATE INDEX agent_run_tree_running_idx ON {schema}.agent_run (root_run_id)
+    WHERE status = 'running' AND root_run_id IS NOT NULL;
