@@ -118,6 +118,7 @@ async def probe(ci, schema, case):
                     "same_version": False,
                     "agent_keys": [],
                     "serves_default": True,
+                    "tree_cap": None,
                 },
             )
             running = await cur.fetchall()
@@ -156,6 +157,7 @@ async def probe(ci, schema, case):
                 "same_version": False,
                 "agent_keys": [],
                 "serves_default": True,
+                "tree_cap": None,
             },
             "claim_fifo": {
                 "limit": int(os.environ.get("LIMIT", "4")),
@@ -167,6 +169,7 @@ async def probe(ci, schema, case):
                 "same_version": False,
                 "agent_keys": [],
                 "serves_default": True,
+                "tree_cap": None,
             },
             "enqueue": enq,
             "enqueue_gated": {**enq, "max_queued_tenant": 1_000_000, "max_queued_conversation": 1_000},

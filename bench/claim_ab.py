@@ -103,6 +103,7 @@ async def main():
                             "same_version": False,
                             "agent_keys": [],
                             "serves_default": True,
+                            "tree_cap": None,
                         },
                     )
                 times = {"old": [], "new": []}
@@ -123,6 +124,7 @@ async def main():
                                     "same_version": False,
                                     "agent_keys": [],
                                     "serves_default": True,
+                                    "tree_cap": None,
                                 },
                             )
                             got = await cur.fetchall()

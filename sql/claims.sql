@@ -41,18 +41,18 @@ WITH RECURSIVE lim (n) AS (
     -- Is any rate limit or gate defined? (Read once: see the limits_open fragment.)
     SELECT EXISTS (SELECT 1 FROM {schema}.rate_limit)
 ), tenants (tenant_key, id, priority, queue_order, conversation_id, not_before, version, resumes,
-             lineage_id, agent_key, limit_key) AS (
+             lineage_id, agent_key, limit_key, root_run_id) AS (
     -- The skip scan: each tenant's first queued run in claim order, one index probe per
     -- tenant. The row itself comes along (its heap tuple), so a tenant that offers just
     -- its first run (most of them, with many tenants) needs no second probe below.
     (SELECT r.tenant_key, r.id, r.priority, r.queue_order, r.conversation_id, r.not_before, r.version,
-            r.resumes, r.lineage_id, r.agent_key, r.limit_key
+            r.resumes, r.lineage_id, r.agent_key, r.limit_key, r.root_run_id
      FROM {schema}.agent_run r
      WHERE r.status = 'queued' ORDER BY r.tenant_key, r.priority DESC, r.queue_order LIMIT 1)
     UNION ALL
     SELECT n.* FROM tenants t CROSS JOIN LATERAL (
         SELECT r.tenant_key, r.id, r.priority, r.queue_order, r.conversation_id, r.not_before, r.version,
-               r.resumes, r.lineage_id, r.agent_key, r.limit_key
+               r.resumes, r.lineage_id, r.agent_key, r.limit_key, r.root_run_id
         FROM {schema}.agent_run r
         WHERE r.status = 'queued' AND r.tenant_key > t.tenant_key
         ORDER BY r.tenant_key, r.priority DESC, r.queue_order LIMIT 1) n
@@ -100,6 +100,10 @@ WITH RECURSIVE lim (n) AS (
                           AND l.window_start + make_interval(secs => l.per_seconds)
                               > coalesce(%(now)s::timestamptz, clock_timestamp())))
                OFFSET 0))
+           AND (t.root_run_id IS NULL OR %(tree_cap)s::integer IS NULL OR (  -- tree_open, of t
+               SELECT count(*) FROM (SELECT 1 FROM {schema}.agent_run x
+                                     WHERE x.root_run_id = t.root_run_id AND x.status = 'running'
+                                     LIMIT %(tree_cap)s::integer) x) < %(tree_cap)s::integer)
            AND (NOT %(same_version)s::bool OR t.version IS NOT DISTINCT FROM %(version)s::text
                    OR (t.resumes = 0 AND (t.lineage_id IS NULL OR NOT EXISTS (
                        SELECT 1 FROM {schema}.run_step s WHERE s.lineage_id = t.lineage_id OFFSET 0))))
@@ -133,6 +137,7 @@ WITH RECURSIVE lim (n) AS (
           AND (r.not_before IS NULL OR r.not_before <= coalesce(%(now)s::timestamptz, now()))
           AND (%(serves_default)s::bool AND r.agent_key IS NULL OR r.agent_key = ANY (%(agent_keys)s::text[]))
           AND {limits_open}
+          AND {tree_open}
           AND (NOT %(same_version)s::bool OR r.version IS NOT DISTINCT FROM %(version)s::text
                  OR (r.resumes = 0 AND (r.lineage_id IS NULL OR NOT EXISTS (
                      SELECT 1 FROM {schema}.run_step s WHERE s.lineage_id = r.lineage_id OFFSET 0))))
@@ -168,7 +173,7 @@ WITH RECURSIVE lim (n) AS (
     -- a burst had the planner scan a whole queue index believed empty, with the ids as a
     -- filter, rather than probe the primary key: 100,000 rows read per claim. By
     -- queue_order, as before, it did the same with agent_run_fair_idx.)
-    SELECT a.id, a.queue_order, a.tenant_key, a.agent_key, a.limit_key
+    SELECT a.id, a.queue_order, a.tenant_key, a.agent_key, a.limit_key, a.root_run_id
     FROM {schema}.agent_run a
     WHERE a.id = ANY ((SELECT ids FROM picked)::uuid[]) AND (a.status = 'queued') IS TRUE
     ORDER BY array_position((SELECT ids FROM picked)::uuid[], a.id)
@@ -183,12 +188,13 @@ WITH RECURSIVE lim (n) AS (
     FROM share s
     WHERE (SELECT count(*) FROM share) = 1
 ), solo_candidate AS (
-    SELECT r.id, r.queue_order, r.tenant_key, r.agent_key, r.limit_key
+    SELECT r.id, r.queue_order, r.tenant_key, r.agent_key, r.limit_key, r.root_run_id
     FROM {schema}.agent_run r
     WHERE r.status = 'queued' AND r.tenant_key = (SELECT tenant_key FROM solo)
       AND (r.not_before IS NULL OR r.not_before <= coalesce(%(now)s::timestamptz, now()))
       AND (%(serves_default)s::bool AND r.agent_key IS NULL OR r.agent_key = ANY (%(agent_keys)s::text[]))
       AND {limits_open}
+      AND {tree_open}
       AND (NOT %(same_version)s::bool OR r.version IS NOT DISTINCT FROM %(version)s::text
            OR (r.resumes = 0 AND (r.lineage_id IS NULL OR NOT EXISTS (
                SELECT 1 FROM {schema}.run_step s WHERE s.lineage_id = r.lineage_id OFFSET 0))))
@@ -204,11 +210,11 @@ WITH RECURSIVE lim (n) AS (
     ORDER BY r.priority DESC, r.queue_order
     LIMIT (SELECT room FROM solo)
     FOR UPDATE OF r SKIP LOCKED
-), candidate AS (
+), locked AS (
     SELECT * FROM solo_candidate
     UNION ALL
     SELECT * FROM fair_candidate WHERE NOT EXISTS (SELECT 1 FROM solo)
-), {limits_grant}
+), {tree_capped}, {limits_grant}
 {claim_stamp}
 
 -- name: claim_fifo
@@ -219,13 +225,14 @@ WITH lim (n) AS (
     SELECT %(limit)s::bigint
 ), limits_on (any_limit) AS (
     SELECT EXISTS (SELECT 1 FROM {schema}.rate_limit)
-), candidate AS (
-    SELECT r.id, r.queue_order, r.tenant_key, r.agent_key, r.limit_key
+), locked AS (
+    SELECT r.id, r.queue_order, r.tenant_key, r.agent_key, r.limit_key, r.root_run_id
     FROM {schema}.agent_run r
     WHERE r.status = 'queued' AND r.queue_order > 0  -- (agent_run_queued_idx: migration 0003)
       AND (r.not_before IS NULL OR r.not_before <= coalesce(%(now)s::timestamptz, now()))
       AND (%(serves_default)s::bool AND r.agent_key IS NULL OR r.agent_key = ANY (%(agent_keys)s::text[]))
       AND {limits_open}
+      AND {tree_open}
       AND (NOT %(same_version)s::bool OR r.version IS NOT DISTINCT FROM %(version)s::text
            OR (r.resumes = 0 AND (r.lineage_id IS NULL OR NOT EXISTS (
                SELECT 1 FROM {schema}.run_step s WHERE s.lineage_id = r.lineage_id OFFSET 0))))
@@ -241,7 +248,7 @@ WITH lim (n) AS (
     ORDER BY r.queue_order
     LIMIT (SELECT n FROM lim)
     FOR UPDATE SKIP LOCKED
-), {limits_grant}
+), {tree_capped}, {limits_grant}
 {claim_stamp}
 
 -- name: heartbeat

@@ -57,6 +57,35 @@ usage_rolled AS (
                    > coalesce(%(now)s::timestamptz, clock_timestamp())))
     OFFSET 0))
 
+-- fragment: tree_open
+-- A claim's test that queued run r may start under Dispatcher(max_running_per_tree=N),
+-- %(tree_cap)s: a run no tree spawned (root_run_id NULL: one test), or a claim with no
+-- cap, always may; a spawned run only while fewer than N runs of its tree are running
+-- (counted up to N, by the partial index agent_run_tree_running_idx: migration 0016).
+(r.root_run_id IS NULL OR %(tree_cap)s::integer IS NULL OR (
+    SELECT count(*) FROM (SELECT 1 FROM {schema}.agent_run x
+                          WHERE x.root_run_id = r.root_run_id AND x.status = 'running'
+                          LIMIT %(tree_cap)s::integer) x) < %(tree_cap)s::integer)
+
+-- fragment: tree_capped
+-- The claim's cap per tree within one statement (after its locked rows, `locked (id,
+-- queue_order, tenant_key, agent_key, limit_key, root_run_id)`), giving `candidate`
+-- (the same columns but the root): tree_open let each spawned run through on the count
+-- before this claim; of one tree's, only the first (by queue order) N - running start,
+-- and the rest stay queued. (Claims of several workers at the same moment each count
+-- the others' as not yet running: a tree may then run up to one batch over its cap.)
+candidate AS (
+    SELECT l.id, l.queue_order, l.tenant_key, l.agent_key, l.limit_key FROM locked l
+    WHERE l.root_run_id IS NULL OR %(tree_cap)s::integer IS NULL
+       OR l.id IN (
+           SELECT k.id FROM (
+               SELECT c.id, row_number() OVER (PARTITION BY c.root_run_id ORDER BY c.queue_order) AS k,
+                      (SELECT count(*) FROM {schema}.agent_run x
+                       WHERE x.root_run_id = c.root_run_id AND x.status = 'running') AS running
+               FROM locked c WHERE c.root_run_id IS NOT NULL) k
+           WHERE k.k + k.running <= %(tree_cap)s::integer)
+)
+
 -- fragment: limits_grant
 -- The claim's rate-limit step (CTEs after its locked candidate rows, `candidate (id,
 -- queue_order, tenant_key, agent_key, limit_key)`), giving `allowed (id)`: with no limits

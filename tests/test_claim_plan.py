@@ -92,6 +92,7 @@ async def test_a_claim_after_a_burst_on_stale_statistics_is_not_quadratic(
         "same_version": same_version,
         "agent_keys": [],
         "serves_default": True,
+        "tree_cap": None,
     }
     query = statement_text(statement, schema)
     async with conn.transaction(force_rollback=True):

@@ -30,7 +30,8 @@ from runrow.embedded import EmbeddedPostgres
 
 from .demo_support import free_port
 
-pytestmark = pytest.mark.anyio
+# The slow tier: the CLI, in processes of its own.
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]
 
 

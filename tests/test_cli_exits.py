@@ -21,7 +21,8 @@ import runrow
 from .helpers import wait_for
 from .test_cli import ROOT, _reap, cli, closed_url
 
-pytestmark = pytest.mark.anyio
+# The slow tier: the CLI, in processes of its own.
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 
 def _one_line(out: subprocess.CompletedProcess[str]) -> str:

@@ -18,7 +18,8 @@ import runrow
 from .helpers import status_of, wait_for
 from .test_cli import cli
 
-pytestmark = pytest.mark.anyio
+# The slow tier: the CLI, in processes of its own.
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 QUICK = {"poll": 0.2, "heartbeat": 0.2, "lease": 2.0, "grace": 1.0, "reap_interval": 0.1}
 
 

@@ -16,7 +16,8 @@ from runrow.demo import answer_for, approval_answer_for, steered_note_for
 
 from .demo_support import SSE, answer_text, auth, read_sse, serve_demo
 
-pytestmark = pytest.mark.anyio
+# The slow tier: a uvicorn server per test (tests/README.md, "Tiers").
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 ALICE = auth("alice")
 BOB = auth("bob")

@@ -151,6 +151,7 @@ def test_a_block_that_shows_a_file_matches_it(block: Block) -> None:
     )
 
 
+@pytest.mark.slow  # (mkdocs builds the whole site)
 def test_the_site_builds_strictly(tmp_path: Path) -> None:
     """What CI runs (.ci/docs); skipped where the docs extra is not installed."""
     pytest.importorskip("mkdocs")

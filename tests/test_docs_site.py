@@ -18,6 +18,9 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
+# The slow tier: the documentation site, built by mkdocs.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 

@@ -29,6 +29,9 @@ from runrow.embedded import EmbeddedPostgres
 
 from .demo_support import auth, free_port
 
+# The slow tier: servers started (and killed) per test.
+pytestmark = pytest.mark.slow
+
 if TYPE_CHECKING:
     from collections.abc import Iterator
 

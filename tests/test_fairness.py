@@ -318,6 +318,7 @@ async def _explain_claim(conn: psycopg.AsyncConnection, schema: str) -> dict[str
                 "same_version": False,
                 "agent_keys": [],
                 "serves_default": True,
+                "tree_cap": None,
             },
         )
         row = await cur.fetchone()

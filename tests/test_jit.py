@@ -241,6 +241,7 @@ async def test_a_deep_queue_never_compiles_the_claim_on_stock_settings(stock: Em
                 "same_version": False,
                 "agent_keys": [],
                 "serves_default": True,
+                "tree_cap": None,
             },
         )
         plan = "\n".join(r[0] for r in await cur.fetchall())

@@ -78,6 +78,7 @@ async def _claim(
             "same_version": False,
             "agent_keys": [],
             "serves_default": True,
+            "tree_cap": None,
         },
     )
     return await cur.fetchall()

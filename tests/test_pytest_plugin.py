@@ -25,6 +25,9 @@ import pytest
 
 from runrow.pytest_plugin import URL_ENV
 
+# The slow tier: each test runs pytest on a sample project, which starts its servers.
+pytestmark = pytest.mark.slow
+
 if TYPE_CHECKING:
     from collections.abc import Iterator
 

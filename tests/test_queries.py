@@ -81,6 +81,7 @@ async def test_runs_list_has_a_header_row_over_its_columns_and_json_has_none(dsn
     assert empty.stdout == "(no runs)\n"
 
 
+@pytest.mark.slow  # (the CLI, in processes of its own)
 async def test_cli_reads_and_stops(dsn: str, schema: str) -> None:
     async def cli(*args: str) -> str:
         return (await _cli(dsn, schema, *args)).stdout

@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
+import anyio
 import psycopg
 import pytest
 from psycopg import sql
@@ -63,6 +64,75 @@ async def test_a_killed_worker_loses_no_child_and_spawns_none_twice(
         )
         return got[0]["kids"] > 0 and got[0]["parent"] == 1
 
+    # A client follows the whole tree through it all, cut now and then and resumed from
+    # its last position (on its own connection: the server's and the workers' faults
+    # are what it rides out).
+    streamed: list[runrow.Event] = []
+
+    async def follow() -> None:
+        while True:
+            taken = 0
+            async for e in runrow.tail(
+                dsn,
+                root.id,
+                schema=schema,
+                tree=True,
+                from_seq=streamed[-1].seq if streamed else 0,
+                poll=0.05,
+            ):
+                if e.keepalive:
+                    continue
+                streamed.append(e)
+                taken += 1
+                if taken == 7:
+                    break
+            else:
+                return
+
+    followed = anyio.Event()
+
+    async def follow_then_say() -> None:
+        await follow()
+        followed.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(follow_then_say)
+        await _killed_and_finished(dsn, schema, conn, workers, victim, root, moment, ready, runs, events)
+        with anyio.fail_after(30):
+            await followed.wait()
+    journals = {
+        (str(r["run_id"]), r["seq"]): r["type"]
+        for r in await _all(
+            conn,
+            f"SELECT e.run_id, e.seq, e.type FROM {events} e JOIN {runs} a ON a.id = e.run_id"
+            " WHERE a.id = %s OR a.lineage_id = %s OR a.root_run_id = %s",
+            root.id,
+            root.id,
+            root.id,
+        )
+    }
+    assert [e.seq for e in streamed] == list(range(1, len(streamed) + 1)), "the tree's stream has a gap"
+    assert sorted((str(e.run_id), e.run_seq) for e in streamed) == sorted(journals), "lost or repeated"
+    assert streamed[-1].type == "complete" and streamed[-1].payload["status"] == "completed"
+    rootline = {
+        r["id"]
+        for r in await _all(conn, f"SELECT id FROM {runs} WHERE coalesce(lineage_id, id) = %s", root.id)
+    }
+    assert streamed[-1].run_id in rootline, "the root's ending is not the stream's last event"
+
+
+async def _killed_and_finished(
+    dsn: str,
+    schema: str,
+    conn: psycopg.AsyncConnection,
+    workers: Workers,
+    victim: Any,
+    root: Any,
+    moment: str,
+    ready: Any,
+    runs: str,
+    events: str,
+) -> None:
     await wait_for(ready, timeout=20, interval=0.01, what=f"children running, the {moment}")
     victim.kill()  # SIGKILL: no drain, no ending; the next worker's reaper ends its runs
     victim.wait()

@@ -63,10 +63,13 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _json
 from ._errors import InvalidInput
+
+if TYPE_CHECKING:
+    import uuid
 
 __all__ = [
     "CHILDREN_AWAITED",
@@ -126,6 +129,14 @@ class Event:
     seq: int
     type: str
     payload: dict[str, Any] = field(default_factory=dict)
+    run_id: uuid.UUID | None = None
+    """In a tree's stream (``tail(..., tree=True)``): the run whose journal holds the
+    event; ``seq`` is then its position in the tree's stream. None in a run's own stream."""
+    run_seq: int | None = None
+    """In a tree's stream: the event's seq in its own run's journal."""
+    final: bool = False
+    """In a tree's stream: True on its last event, the root's ending (the other runs'
+    endings, and a root attempt's that was retried, come before it)."""
 
     @property
     def keepalive(self) -> bool:
@@ -133,11 +144,21 @@ class Event:
 
     @property
     def terminal(self) -> bool:
-        return self.type == TERMINAL_EVENT
+        """The stream's last event: a run's ending, or in a tree's stream the root's."""
+        return self.type == TERMINAL_EVENT and (self.run_id is None or self.final)
 
     def to_dict(self) -> dict[str, Any]:
-        """The wire form: the payload with ``type`` and ``seq`` added."""
-        return {**self.payload, "type": self.type, "seq": self.seq}
+        """The wire form: the payload with ``type`` and ``seq`` added (and, in a tree's
+        stream, ``run_id`` and ``run_seq``)."""
+        if self.run_id is None:
+            return {**self.payload, "type": self.type, "seq": self.seq}
+        return {
+            **self.payload,
+            "type": self.type,
+            "seq": self.seq,
+            "run_id": str(self.run_id),
+            "run_seq": self.run_seq,
+        }
 
 
 def validate_event(event: Mapping[str, Any], max_bytes: int) -> tuple[str, dict[str, Any]]:

@@ -31,12 +31,12 @@ from ._errors import InvalidInput
 from ._names import MAX_IDENTIFIER_BYTES
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Iterable
     from types import TracebackType
 
     from anyio.abc import TaskGroup, TaskStatus
 
-__all__ = ["NotifyHub", "Subscription"]
+__all__ = ["NotifyHub", "Subscription", "wait_any"]
 
 log = logging.getLogger("runrow.hub")
 
@@ -127,6 +127,29 @@ class Subscription:
 def _wake(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
         waiter.set_result(None)
+
+
+async def wait_any(subs: Iterable[Subscription], timeout: float) -> bool:
+    """Waits for a hint on any of ``subs`` for at most ``timeout`` seconds (a tree's
+    tail listens on each of its live runs); True if one came. Takes every hint buffered
+    then: the caller reads the rows of all of them at once."""
+    open_ = [s for s in subs if not s._closed]
+    if not any(s._hints for s in open_):
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
+        for s in open_:
+            s._waiters.append(waiter)
+        timer = loop.call_later(max(0.0, timeout), _wake, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            for s in open_:
+                s._waiters.remove(waiter)
+    came = False
+    for s in open_:
+        came = bool(s.drain()) or came
+    return came
 
 
 class NotifyHub:

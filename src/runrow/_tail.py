@@ -21,6 +21,7 @@ from ._json import parse_run_id
 from ._names import DEFAULT_SCHEMA, Channels, check_schema
 from ._status import TERMINAL
 from ._tailbatch import batcher
+from ._tailtree import tail_tree
 
 if TYPE_CHECKING:
     import uuid
@@ -45,6 +46,7 @@ async def tail(
     schema: str = DEFAULT_SCHEMA,
     batch: int = 500,
     prepared_statements: bool = True,
+    tree: bool = False,
 ) -> AsyncIterator[Event]:
     """Yields the run's events after ``from_seq``, live, until its terminal event.
 
@@ -64,8 +66,31 @@ async def tail(
     connection of its own;
     ``prepared_statements=False`` is for a conninfo that points at a
     transaction-pooling pgbouncer.
+
+    ``tree=True`` reads the tree of a root turn instead: the root's events and those of
+    every run it spawned, at any depth, in one stream with positions of its own (each
+    event's ``seq``, gap-free from 1: pass the last one back as ``from_seq`` to resume),
+    each event tagged with its run (``run_id``) and its seq there (``run_seq``). The
+    stream ends after the root's ending, which comes once every run of the tree has
+    ended. A child's id is refused (tail its root's tree); a root's retry reads its
+    root's tree. Reading a tree writes its order down (see ``runrow._tailtree``): it
+    needs the primary.
     """
     rid = check_tail(run_id, from_seq=from_seq, keepalive=keepalive, poll=poll, schema=schema)
+    if tree:
+        async for event in tail_tree(
+            db,
+            rid,
+            from_seq=from_seq,
+            hub=hub,
+            keepalive=keepalive,
+            poll=poll,
+            schema=schema,
+            batch=batch,
+            prepared_statements=prepared_statements,
+        ):
+            yield event
+        return
     cursor = from_seq
     async with AsyncExitStack() as stack:
         own = isinstance(db, str)  # then the tail keeps one connection of its own

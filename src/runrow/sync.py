@@ -42,6 +42,7 @@ from ._events import KEEPALIVE, TERMINAL_EVENT, Event
 from ._gateway._exec import configure_own_sync, run_sync
 from ._names import DEFAULT_SCHEMA
 from ._tail import check_tail, read_plan, settle
+from ._tailtree import tail_tree_sync
 
 if TYPE_CHECKING:
     import uuid
@@ -216,6 +217,7 @@ def tail(
     schema: str = DEFAULT_SCHEMA,
     batch: int = 500,
     prepared_statements: bool = True,
+    tree: bool = False,
 ) -> Iterator[Event]:
     """Yields the run's events after ``from_seq`` until its terminal event, polling.
 
@@ -227,9 +229,21 @@ def tail(
     duplicate. Its arguments are checked at the call (before a response starts), not at
     the first event. Given a conninfo string it keeps one connection of its own
     (``prepared_statements=False`` for a transaction-pooling pgbouncer); with a pool it
-    takes a connection per read and holds none while it waits.
+    takes a connection per read and holds none while it waits. ``tree=True``: the
+    stream of the tree a root turn spawned, as :func:`runrow.tail` gives it.
     """
     rid = check_tail(run_id, from_seq=from_seq, keepalive=keepalive, poll=poll, schema=schema)
+    if tree:
+        return tail_tree_sync(
+            db,
+            rid,
+            from_seq=from_seq,
+            keepalive=keepalive,
+            poll=poll,
+            schema=schema,
+            batch=batch,
+            prepared_statements=prepared_statements,
+        )
     return _tail(db, rid, from_seq, keepalive, poll, schema, batch, prepared_statements)
 
 

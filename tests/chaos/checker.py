@@ -42,6 +42,9 @@ class Transcript:
     events: list[tuple[int, str, dict[str, Any]]] = field(default_factory=list)
     resumes: int = 0
     finished: bool = False
+    tree: list[tuple[str, int]] | None = None
+    """A tree's tail (``tail(root, tree=True)``): each event's run and seq in that run,
+    beside ``events`` (whose seqs are then the tree's positions); None for a run's tail."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -50,6 +53,7 @@ class Transcript:
             "events": [list(e) for e in self.events],
             "resumes": self.resumes,
             "finished": self.finished,
+            "tree": None if self.tree is None else [list(r) for r in self.tree],
         }
 
     @classmethod
@@ -60,6 +64,7 @@ class Transcript:
             [(int(s), str(t), p) for s, t, p in d["events"]],
             d.get("resumes", 0),
             d.get("finished", False),
+            None if d.get("tree") is None else [(str(r), int(s)) for r, s in d["tree"]],
         )
 
 
@@ -482,6 +487,8 @@ def _tails_saw_exact_journal(ctx: _Context) -> list[str]:
     """Proves every tail, across its resumes, saw exactly the journal after its start, to the end."""
     out: list[str] = []
     for tr in ctx.transcripts:
+        if tr.tree is not None:
+            continue  # (tree_tails_saw_whole_tree)
         rid = uuid.UUID(tr.run_id)
         expected = [(s, t, p) for s, t, p in ctx.snap.events.get(rid, []) if s > tr.from_seq]
         got = [(s, t, p) for s, t, p in tr.events]
@@ -496,6 +503,57 @@ def _tails_saw_exact_journal(ctx: _Context) -> list[str]:
                 f"{[e[0] for e in expected][:40]}; duplicates {dup[:10]}, missing {gap[:10]}"
                 + _first_difference(got, expected)
             )
+    return out
+
+
+def _tree_tails_saw_whole_tree(ctx: _Context) -> list[str]:
+    """Proves every tail of a tree (#41), across its resumes, saw every event of every run
+    of the tree once, at gap-free positions, each run's in its journal's order, each with
+    its payload, and the root's ending last."""
+    out: list[str] = []
+    for tr in ctx.transcripts:
+        if tr.tree is None:
+            continue
+        root = uuid.UUID(tr.run_id)
+        members = [
+            r.id
+            for r in ctx.snap.runs.values()
+            if r.id == root or r.lineage_id == root or r.root_run_id == root
+        ]
+        journal = {(str(m), s): (t, p) for m in members for s, t, p in ctx.snap.events.get(m, [])}
+        got = list(zip(tr.tree, tr.events, strict=True))
+        positions = [e[0] for _, e in got]
+        if not tr.finished:
+            out.append(f"tree tail of {root}: never reached the root's ending")
+        if positions != list(range(1, len(positions) + 1)):
+            out.append(f"tree tail of {root} ({tr.resumes} resumes): positions {positions[:40]} are not 1..n")
+        seen = [ref for ref, _ in got]
+        if len(set(seen)) != len(seen):
+            dup = sorted({r for r in seen if seen.count(r) > 1})[:5]
+            out.append(f"tree tail of {root}: events seen twice {dup}")
+        if set(seen) != set(journal):
+            missing = sorted(set(journal) - set(seen))[:5]
+            extra = sorted(set(seen) - set(journal))[:5]
+            out.append(
+                f"tree tail of {root} ({tr.resumes} resumes): missing {missing}, not in a journal {extra}"
+            )
+        for ref, (_, t, p) in got:
+            if ref in journal and journal[ref] != (t, p):
+                out.append(f"tree tail of {root}: event {ref} differs from its journal")
+                break
+        last_seq: dict[str, int] = {}
+        for (rid, s), _ in got:
+            if s <= last_seq.get(rid, 0):
+                out.append(
+                    f"tree tail of {root}: run {rid}'s events out of order ({s} after {last_seq[rid]})"
+                )
+                break
+            last_seq[rid] = s
+        if got:
+            (rid, _), (_, t, _) = got[-1]
+            lineage = {str(m) for m in members if m == root or ctx.snap.runs[m].lineage_id == root}
+            if t != "complete" or rid not in lineage:
+                out.append(f"tree tail of {root}: its last event is {t} of {rid}, not the root's ending")
     return out
 
 
@@ -721,6 +779,7 @@ _CHECKS: dict[str, Callable[[_Context], list[str]]] = {
     "turns_in_order": _turns_in_order,
     "journal_gap_free_one_complete": _journal_gap_free_one_complete,
     "tails_saw_exact_journal": _tails_saw_exact_journal,
+    "tree_tails_saw_whole_tree": _tree_tails_saw_whole_tree,
     "stops_honoured": _stops_honoured,
     "recovery_bounded": _recovery_bounded,
     "children_spawned_once": _children_spawned_once,

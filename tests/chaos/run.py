@@ -347,9 +347,10 @@ class Chaos:
                 await anyio.sleep(0.3)  # it committed with its log row, or not at all
         self.stats.stop_failures += 1
 
-    async def follow(self, run_id: uuid.UUID) -> None:
-        """A tail that disconnects at random and resumes from its last seq."""
-        tr = Transcript(str(run_id))
+    async def follow(self, run_id: uuid.UUID, tree: bool = False) -> None:
+        """A tail that disconnects at random and resumes from its last seq (with ``tree``,
+        the tree's tail, from its last position)."""
+        tr = Transcript(str(run_id), tree=[] if tree else None)
         self.transcripts.append(tr)
         cursor = 0
         while not tr.finished:
@@ -359,7 +360,14 @@ class Chaos:
                     cast(
                         "AsyncGenerator[runrow.Event, None]",
                         runrow.tail(
-                            self.pool, run_id, from_seq=cursor, hub=hub, poll=0.5, keepalive=5, schema=SCHEMA
+                            self.pool,
+                            run_id,
+                            from_seq=cursor,
+                            hub=hub,
+                            poll=0.5,
+                            keepalive=5,
+                            schema=SCHEMA,
+                            tree=tree,
                         ),
                     )
                 ) as events:
@@ -367,6 +375,8 @@ class Chaos:
                         if ev.keepalive:
                             continue
                         tr.events.append((ev.seq, ev.type, ev.payload))
+                        if tr.tree is not None:
+                            tr.tree.append((str(ev.run_id), int(ev.run_seq or 0)))
                         cursor = ev.seq
                         if ev.terminal:
                             tr.finished = True
@@ -398,6 +408,8 @@ class Chaos:
             rid = await self.enqueue(cid, request, i, on_busy)
             if rid is not None and self.rng.random() < self.prof.tail_fraction:
                 tails.start_soon(self.follow, rid)
+            if rid is not None and "tree" in request and self.rng.random() < 0.5:
+                tails.start_soon(self.follow, rid, True)  # the whole tree's stream too
             if self.rng.random() < 0.5:
                 await anyio.sleep(self.rng.uniform(0, 0.3))
         if self.rng.random() < self.prof.stop_probability:

@@ -509,3 +509,44 @@ async def test_a_steering_message_absorbed_without_a_delivery_is_lost(world: Wor
     result = await world.check()
     assert failing(result) == {"no_lost_steering_message"}
     assert "read by 0 deliveries" in result.violations["no_lost_steering_message"][0]
+
+
+async def test_a_tree_tail_that_lost_repeated_or_misordered_an_event(world: World) -> None:
+    root = await world.enqueue("tree-4")
+    await world.start(root)
+    child = await _child_of(world, root, 0, "child-e")
+    await world.start(child)
+    await world.finish(child)
+    await world.finish(root)
+    tree = Transcript(str(root), tree=[])
+    async for ev in runrow.tail(world.dsn, root, schema=world.schema, tree=True, poll=0.05):
+        if not ev.keepalive:
+            tree.events.append((ev.seq, ev.type, ev.payload))
+            assert tree.tree is not None
+            tree.tree.append((str(ev.run_id), int(ev.run_seq or 0)))
+    tree.finished = True
+    assert {r for r, _ in tree.tree or []} == {str(root), str(child)}
+    assert not failing(await world.check([*world.transcripts, tree]))
+
+    def variant(keep: list[int], *, finished: bool = True) -> Transcript:
+        assert tree.tree is not None
+        events = [(i + 1, tree.events[k][1], tree.events[k][2]) for i, k in enumerate(keep)]
+        return Transcript(tree.run_id, 0, events, 1, finished, [tree.tree[k] for k in keep])
+
+    n = len(tree.events)
+    child_end = next(
+        k for k, (r, _) in enumerate(tree.tree or []) if r == str(child) and tree.events[k][1] == "complete"
+    )
+    for bad, words in (
+        (variant([k for k in range(n) if k != 1]), "missing"),
+        (variant([*range(n - 1), 1, n - 1]), "seen twice"),
+        (variant(list(range(n - 1)), finished=False), "never reached"),
+        (variant([*[k for k in range(n) if k != child_end], child_end]), "not the root's ending"),
+        (variant([1, 0, *range(2, n)]), "out of order"),
+    ):
+        result = await world.check([*world.transcripts, bad])
+        assert failing(result) == {"tree_tails_saw_whole_tree"}, (words, result.violations)
+        assert any(words in v for v in result.violations["tree_tails_saw_whole_tree"]), (
+            words,
+            result.violations,
+        )

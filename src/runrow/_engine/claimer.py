@@ -129,6 +129,7 @@ class Claimer:
             same_version=s.resume_policy == "same_version",
             agent_keys=s.agent_keys,
             serves_default=s.serves_default,
+            tree_cap=s.max_running_per_tree,
         )
 
     def may_fold(self) -> bool:
@@ -168,6 +169,7 @@ class Claimer:
                 same_version=s.resume_policy == "same_version",
                 agent_keys=s.agent_keys,
                 serves_default=s.serves_default,
+                tree_cap=s.max_running_per_tree,
             )
         self._counted(rows, _aio.now() - t0)
         return rows

@@ -56,7 +56,9 @@ class Dispatcher:
     """Runs ``agent`` for claimed runs. Use as ``async with Dispatcher(db, agent) as d:``.
     ``agents={"key": agent, ...}`` serves runs by agent key too (``enqueue(agent_key=...)``,
     ``RunContext.spawn``); ``agent`` serves runs with none. It claims only runs it serves.
-    A tree of runs is at most ``max_spawn_depth`` deep, and spawns ``max_children`` in all.
+    A tree of runs is at most ``max_spawn_depth`` deep, and spawns ``max_children`` in all;
+    ``max_running_per_tree`` (None: no cap) is how many of a tree's spawned runs this
+    worker's claims let run at once, so one wide tree cannot take every slot.
 
     ``db`` is a conninfo string (the dispatcher opens its own pool) or an
     ``AsyncConnectionPool`` (whose conninfo the hub also uses for its direct LISTEN
@@ -114,6 +116,7 @@ class Dispatcher:
         agents: Mapping[str, Agent] | None = None,
         max_spawn_depth: int = 8,
         max_children: int = 1000,
+        max_running_per_tree: int | None = None,
         schema: str = DEFAULT_SCHEMA,
         concurrency: int = 8,
         lease: float = 30.0,
@@ -163,6 +166,7 @@ class Dispatcher:
             agents=served,
             max_spawn_depth=max_spawn_depth,
             max_children=max_children,
+            max_running_per_tree=max_running_per_tree,
         )
         self._observer_list = list(observers)
         self._db = db

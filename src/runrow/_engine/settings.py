@@ -60,6 +60,8 @@ class Settings:
     """How deep a tree of runs may grow: a root is depth 0, its children 1, and so on."""
     max_children: int = 1000
     """How many runs a tree may spawn in all (per root, every depth counted)."""
+    max_running_per_tree: int | None = None
+    """How many of a tree's spawned runs (every depth) it starts at once; None: no cap."""
     journal_notify: bool = True
     """False drops the journal's per-flush NOTIFY (tails then poll). Not a constructor
     option: the benchmark that measures what the NOTIFY costs sets it."""
@@ -92,6 +94,7 @@ class Settings:
         agents: Mapping[str | None, Any] | None = None,
         max_spawn_depth: int = 8,
         max_children: int = 1000,
+        max_running_per_tree: int | None = None,
     ) -> Settings:
         """The settings, with defaults filled in, or :class:`ConfigurationError` naming
         what is wrong. ``own_pool``: the dispatcher opens its pool from a conninfo."""
@@ -159,6 +162,14 @@ class Settings:
         for name, limit in (("max_spawn_depth", max_spawn_depth), ("max_children", max_children)):
             if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit < 2**31:
                 raise ConfigurationError(f"{name} must be a non-negative integer below 2**31, got {limit!r}")
+        if max_running_per_tree is not None and (
+            isinstance(max_running_per_tree, bool)
+            or not isinstance(max_running_per_tree, int)
+            or not 1 <= max_running_per_tree < 2**31
+        ):
+            raise ConfigurationError(
+                f"max_running_per_tree must be None or a positive integer below 2**31, got {max_running_per_tree!r}"
+            )
         return cls(
             schema=schema,
             concurrency=concurrency,
@@ -185,6 +196,7 @@ class Settings:
             serves_default=agents is None or None in agents,
             max_spawn_depth=max_spawn_depth,
             max_children=max_children,
+            max_running_per_tree=max_running_per_tree,
         )
 
     @property

@@ -71,6 +71,8 @@ class ClaimRequest(NamedTuple):
     """The agent keys this worker serves (see ``claim``)."""
     serves_default: bool = True
     """Whether it serves the default agent (runs whose agent_key is NULL)."""
+    tree_cap: int | None = None
+    """At most this many of a tree's spawned runs running (see ``claim``); None: no cap."""
 
 
 def statement(schema: str, req: ClaimRequest) -> tuple[bytes, tuple[Any, ...]]:
@@ -88,6 +90,7 @@ def statement(schema: str, req: ClaimRequest) -> tuple[bytes, tuple[Any, ...]]:
             "same_version": req.same_version,
             "agent_keys": list(req.agent_keys),
             "serves_default": req.serves_default,
+            "tree_cap": req.tree_cap,
         }
     )
 
@@ -120,12 +123,14 @@ async def claim(
     same_version: bool = False,
     agent_keys: Sequence[str] = (),
     serves_default: bool = True,
+    tree_cap: int | None = None,
 ) -> list[ClaimedRun]:
     """Claims up to ``limit`` runs (at most one per conversation) in ``order``, stamping
     each with ``retry_policy`` (JSON text; None: not retried) and ``version`` (the run's
     own only if it has none yet); ``same_version``: a run with recorded steps only if its
     version is ``version``; only runs of ``agent_keys`` (and of the default agent, with
-    ``serves_default``)."""
+    ``serves_default``); a spawned run only while fewer than ``tree_cap`` runs of its
+    tree run (None: no cap)."""
     req = ClaimRequest(
         order,
         limit,
@@ -137,6 +142,7 @@ async def claim(
         same_version,
         agent_keys,
         serves_default,
+        tree_cap,
     )
     query, params = statement(schema, req)
     cur = rows_cursor(conn)

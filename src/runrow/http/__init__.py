@@ -81,6 +81,7 @@ def create_api(
     max_chat_body_bytes: int = 4 * 1024 * 1024,
     title: str = "runrow API",
     allowed_origins: Collection[str] = (),
+    tree_streams: bool = False,
 ) -> Starlette:
     """The API as a Starlette app, to mount (``app.mount("/chat", create_api(...))``).
 
@@ -93,6 +94,10 @@ def create_api(
     send the whole history; only the last message is enqueued and held to
     ``max_content_bytes``). ``keepalive``: seconds between an idle stream's comments.
     ``worker_slots``: the runs your workers take at once, for the wait estimate.
+    ``tree_streams``: the AI SDK's and AG-UI's chat endpoints stream the turn's whole tree
+    (its sub-agents as parts, see :mod:`runrow.protocols`) rather than its run alone; a
+    tree's reads write its order down (``tail(..., tree=True)``), so this is opt-in for
+    hosts whose agents spawn. ``GET /v1/runs/{id}/events?tree=true`` is always there.
 
     Against other sites' pages (cookie sign-in sends the cookie whatever page asks): a
     body is read only when sent as ``application/json`` (else 415), and a request that
@@ -116,6 +121,7 @@ def create_api(
         worker_slots=worker_slots,
         conversation_extras=conversation_extras,
         max_chat_body_bytes=max_chat_body_bytes,
+        tree_streams=tree_streams,
     )
     conversations, runs, chat = ConversationRoutes(api), RunRoutes(api), ChatEndpoints(api)
     routes = [

@@ -61,6 +61,7 @@ class Endpoints:
         worker_slots: int,
         conversation_extras: Callable[[str], Awaitable[Mapping[str, Any]]] | None,
         max_chat_body_bytes: int,
+        tree_streams: bool = False,
     ) -> None:
         self.pool = pool
         self.authenticate = authenticate
@@ -72,6 +73,7 @@ class Endpoints:
         self.keepalive = keepalive
         self.worker_slots = worker_slots
         self.conversation_extras = conversation_extras
+        self.tree_streams = tree_streams
         # The frontends' transports send the whole history with each message.
         self.max_chat_body_bytes = max(max_chat_body_bytes, self.max_body_bytes)
 

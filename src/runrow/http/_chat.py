@@ -133,7 +133,14 @@ class ChatEndpoints:
             run = await api.submit(conn, user, cid, text, key, on_busy)
         info = await runrow.get_run(api.pool, run.id, schema=api.schema)
         response = await _streams.stream_run(
-            api.pool, info, fmt=fmt, cursor=Cursor(0), hub=api.hub, keepalive=api.keepalive, schema=api.schema
+            api.pool,
+            info,
+            fmt=fmt,
+            cursor=Cursor(0),
+            hub=api.hub,
+            keepalive=api.keepalive,
+            schema=api.schema,
+            tree=api.tree_streams,
         )
         response.headers["x-runrow-run-id"] = str(run.id)
         return response
@@ -215,6 +222,7 @@ class ChatEndpoints:
             hub=api.hub,
             keepalive=api.keepalive,
             schema=api.schema,
+            tree=api.tree_streams and info.root_run_id is None,
         )
         response.headers["x-runrow-run-id"] = str(info.id)
         return response

@@ -39,6 +39,14 @@ _EVENTS_PARAMETERS = (
         "description": "wins over ?from=",
         "schema": {"type": "string"},
     },
+    {
+        "name": "tree",
+        "in": "query",
+        "description": "true: the stream of the tree this root turn spawned (its sub-agents' events "
+        "too, each with its run_id and run_seq; ids are the tree's own positions); a child's id is "
+        "refused",
+        "schema": {"type": "boolean"},
+    },
 )
 
 
@@ -122,6 +130,7 @@ class RunRoutes:
         info = await self.api.own_run(request, await self.api.user(request))
         fmt = _streams.stream_format(request.query_params.get("format"))
         cursor = _streams.read_cursor(request.headers, request.query_params, fmt)
+        tree = _streams.tree_flag(request.query_params.get("tree"), info)
         return await _streams.stream_run(
             self.api.pool,
             info,
@@ -130,6 +139,7 @@ class RunRoutes:
             hub=self.api.hub,
             keepalive=self.api.keepalive,
             schema=self.api.schema,
+            tree=tree,
         )
 
     @documented(

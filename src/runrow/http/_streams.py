@@ -75,6 +75,19 @@ def read_cursor(headers: Mapping[str, str], query: Mapping[str, str], fmt: str) 
         ) from None
 
 
+def tree_flag(raw: str | None, info: runrow.RunInfo) -> bool:
+    """The ``?tree=`` value, checked: a tree's stream is its root's."""
+    if raw is None or raw.lower() in ("0", "false", ""):
+        return False
+    if raw.lower() not in ("1", "true"):
+        raise ApiError(400, "bad_tree", "tree must be true or false")
+    if info.root_run_id is not None:
+        raise ApiError(
+            400, "not_a_root", f"run {info.id} is a child: read its root's tree, {info.root_run_id}"
+        )
+    return True
+
+
 async def stream_run(
     pool: AsyncConnectionPool[Any],
     info: runrow.RunInfo,
@@ -84,12 +97,18 @@ async def stream_run(
     hub: runrow.NotifyHub | None,
     keepalive: float,
     schema: str,
+    tree: bool = False,
 ) -> Response:
-    """The response for one run's stream from ``cursor`` (204 when a finished run has nothing more)."""
+    """The response for one run's stream from ``cursor`` (204 when a finished run has
+    nothing more); with ``tree``, the stream of the tree it is the root of."""
     if fmt == RUNROW_FORMAT:
-        return await _runrow_stream(pool, info, cursor.seq, hub=hub, keepalive=keepalive, schema=schema)
-    encoder = ProtocolStream(fmt, run_id=info.id, conversation_id=info.conversation_id, after=cursor)
-    events = runrow.tail(pool, info.id, from_seq=0, hub=hub, keepalive=keepalive, schema=schema)
+        return await _runrow_stream(
+            pool, info, cursor.seq, hub=hub, keepalive=keepalive, schema=schema, tree=tree
+        )
+    encoder = ProtocolStream(
+        fmt, run_id=info.id, conversation_id=info.conversation_id, after=cursor, tree=tree
+    )
+    events = runrow.tail(pool, info.id, from_seq=0, hub=hub, keepalive=keepalive, schema=schema, tree=tree)
     headers = {**_NO_STORE, **encoder.headers}
     if info.terminal:
         # Finished: read up to the first frame to send, so that nothing-left is a 204 and
@@ -147,8 +166,11 @@ async def _runrow_stream(
     hub: runrow.NotifyHub | None,
     keepalive: float,
     schema: str,
+    tree: bool,
 ) -> Response:
-    events = runrow.tail(pool, info.id, from_seq=start, hub=hub, keepalive=keepalive, schema=schema)
+    events = runrow.tail(
+        pool, info.id, from_seq=start, hub=hub, keepalive=keepalive, schema=schema, tree=tree
+    )
     first: runrow.Event | None = None
     if info.terminal:
         # A finished run's tail answers at once: with nothing after the cursor, say 204.

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 from .._errors import InvalidInput
-from . import _ag_ui, _ai_sdk
+from . import _ag_ui, _ai_sdk, _tree
 from ._base import Cursor, Frame, frame_id
 
 if TYPE_CHECKING:
@@ -33,7 +33,9 @@ class _Encoder(Protocol):
 
 class ProtocolStream:
     """Encodes one run's journal, read from seq 1, for one protocol, and drops what the
-    client already has (everything up to and including ``after``).
+    client already has (everything up to and including ``after``). With ``tree=True``,
+    the stream of the tree whose root is ``run_id`` (see :mod:`._tree`), read from
+    position 1.
 
     Every event must be fed, in seq order, even those the client has: the encoder's state
     (which parts are open, which tool calls were announced) is rebuilt from them.
@@ -46,6 +48,7 @@ class ProtocolStream:
         run_id: uuid.UUID,
         conversation_id: str,
         after: Cursor = Cursor(0),  # noqa: B008 (frozen, so sharing the default is safe)
+        tree: bool = False,
     ) -> None:
         self._encoder: _Encoder
         if format == "ai-sdk":
@@ -56,6 +59,8 @@ class ProtocolStream:
             headers = _ag_ui.HEADERS
         else:
             raise InvalidInput("format", f"must be one of {', '.join(FORMATS)}, got {format!r:.40}")
+        if tree:  # a tree's stream (tail(root, tree=True)): its sub-agents are parts
+            self._encoder = _tree.TreeEncoder(format, run_id, self._encoder)
         self.format = format
         self.after = after
         self.headers: Mapping[str, str] = dict(headers)
