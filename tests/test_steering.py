@@ -199,7 +199,7 @@ async def test_a_turn_of_another_kind_is_a_barrier_messages_keep_their_order(
     assert (await run_row(conn, schema, s.id))["absorbed_into"] == q.id
 
 
-async def test_a_stopped_conversation_hands_steering_messages_back_and_a_stopping_run_takes_none(
+async def test_a_run_asked_to_stop_reads_no_steering_message_and_it_runs_as_a_turn(
     dsn: str, schema: str, conn: psycopg.AsyncConnection
 ) -> None:
     started, go = anyio.Event(), anyio.Event()
