@@ -16,7 +16,7 @@ id, conversation_id, user_id, tenant_id, status, request, idempotency_key, retry
        worker_id, cancel_requested, error, created_at, started_at, last_heartbeat_at,
        finished_at, claim_expires_at, user_message_id, priority, not_before, deadline_at,
        attempt, lineage_id, resumes, input_deadline_at, version, worker_version, agent_key,
-       parent_run_id, root_run_id
+       parent_run_id, root_run_id, steerable, absorbed_into
 
 -- fragment: usage_rolled
 -- (Event names and payloads: the vocabulary in src/runrow/_events.py.)

@@ -89,14 +89,16 @@ WITH serial AS (
 ), run AS (
     INSERT INTO {schema}.agent_run
         (conversation_id, user_id, tenant_id, user_message_id, request, idempotency_key,
-         priority, not_before, deadline_at, agent_key, parent_run_id, root_run_id, limit_key)
+         priority, not_before, deadline_at, agent_key, parent_run_id, root_run_id, limit_key,
+         steerable)
     SELECT %(conversation_id)s, %(user_id)s, %(tenant_id)s, gen_random_uuid(),
            %(request)s, %(idempotency_key)s, %(priority)s,
            coalesce(%(not_before_at)s::timestamptz,
                     now() + make_interval(secs => %(not_before_in)s::float8)),
            coalesce(%(deadline_at)s::timestamptz,
                     now() + make_interval(secs => %(deadline_in)s::float8)),
-           %(agent_key)s, %(parent_run_id)s::uuid, %(root_run_id)s::uuid, %(limit_key)s::text
+           %(agent_key)s, %(parent_run_id)s::uuid, %(root_run_id)s::uuid, %(limit_key)s::text,
+           %(steerable)s::boolean  -- (on_busy="steer": an earlier turn may absorb it, steering.sql)
     FROM admitted
     ON CONFLICT (user_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, user_message_id, conversation_id, user_id, status, created_at, queue_order

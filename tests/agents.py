@@ -147,3 +147,16 @@ async def tree_child(run: runrow.RunContext) -> None:
 async def _named(name: str) -> str:
     await anyio.sleep(random.uniform(0, 0.03))
     return name
+
+
+async def steer_agent(run: runrow.RunContext) -> None:
+    """RUNROW_TEST_STEERS (default 8) rounds of an idempotent step, a steering delivery
+    and a pause of RUNROW_TEST_STEP_PAUSE seconds (default 0); then answers with every
+    delivery's contents, in order (a list of lists: the place of each message)."""
+    pause = float(os.environ.get("RUNROW_TEST_STEP_PAUSE", "0"))
+    got = []
+    for i in range(int(os.environ.get("RUNROW_TEST_STEERS", "8"))):
+        await run.idempotent_step(f"s{i}", _named, f"s{i}")
+        got.append([m.content for m in await run.steering()])
+        await anyio.sleep(pause)
+    await run.write_message(got)

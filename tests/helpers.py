@@ -103,7 +103,9 @@ async def assert_journal_sound(
 
 
 async def is_terminal(conn: psycopg.AsyncConnection, schema: str, run_id: Any) -> bool:
-    return await status_of(conn, schema, run_id) in ("completed", "failed", "cancelled", "expired")
+    from runrow._status import TERMINAL
+
+    return await status_of(conn, schema, run_id) in TERMINAL
 
 
 async def enqueue_turn(dsn: str, schema: str, conversation: str, **kw: Any) -> Any:

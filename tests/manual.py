@@ -161,3 +161,33 @@ async def park(
         input_timeout=timeout,
     )
     return run_id in await endings.finalize(conn, schema, [ending], channels=Channels.for_schema(schema))
+
+
+async def steer(
+    conn: psycopg.AsyncConnection,
+    schema: str,
+    run_id: uuid.UUID,
+    token: uuid.UUID,
+    *,
+    occurrence: int,
+    position: int,
+    limit: int = 100,
+) -> list[dict[str, Any]] | None:
+    """One steering delivery by the claim holder (``RunContext.steering``'s statement):
+    the messages delivered, or None if the fence matched nothing."""
+    from runrow._engine.steering import STEERING
+    from runrow._gateway import steering
+
+    return await _exec.run(
+        conn,
+        steering.deliver(
+            schema,
+            run_id=run_id,
+            claim_token=token,
+            key=STEERING,
+            occurrence=occurrence,
+            position=position,
+            limit=limit,
+            channels=Channels.for_schema(schema),
+        ),
+    )

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from runrow.demo import answer_for, approval_answer_for
+from runrow.demo import answer_for, approval_answer_for, steered_note_for
 
 from .demo_support import SSE, answer_text, auth, read_sse, serve_demo
 
@@ -713,3 +713,37 @@ async def test_malformed_input_answers_4xx_json(
         assert resp.status_code == status, resp.text
         assert resp.json()["error"]["code"] == code and resp.json()["error"]["message"], resp.text
         assert (await client.get(f"/v1/runs/{run_id}", headers=ALICE)).json()["status"] == "queued"
+
+
+async def test_a_steering_message_is_read_by_the_streaming_turn(dsn: str, schema: str) -> None:
+    """The page's "steer" box: a message posted with on_busy="steer" while a turn streams
+    is read by that turn (its answer says so, where it read it; its journal has the
+    delivery), and its own turn ends absorbed into it."""
+    async with serve_demo(dsn, schema, token_delay=0.1) as base, httpx.AsyncClient(base_url=base) as client:
+        first = (await _post(client, "conv-steer", "a long answer please"))["run_id"]
+        await _wait_status(client, first, {"running"})
+        resp = await client.post(
+            "/v1/conversations/conv-steer/messages",
+            json={"content": "and mention cats", "on_busy": "steer"},
+            headers=ALICE,
+        )
+        assert resp.status_code == 202, resp.text
+        steer = resp.json()["run_id"]
+        assert (await _wait_status(client, first, {"completed", "failed", "cancelled"}))[
+            "status"
+        ] == "completed"
+        run = await _wait_status(client, steer, {"absorbed", "completed", "failed", "cancelled"})
+        assert run["status"] == "absorbed" and run["absorbed_into"] == first
+        events = await read_sse(client, f"/v1/runs/{first}/events", ALICE)
+        [delivered] = [e.data for e in events if e.event == "steering_delivered"]
+        assert delivered["content"] == "and mention cats" and delivered["run_id"] == steer
+        conv = (await client.get("/v1/conversations/conv-steer", headers=ALICE)).json()
+        answer = next(t["answer"]["content"] for t in conv["turns"] if t["run"]["id"] == first)
+        assert steered_note_for("and mention cats") in answer
+        assert answer.replace(steered_note_for("and mention cats"), "") == answer_for("a long answer please")
+        events = await read_sse(client, f"/v1/runs/{steer}/events", ALICE)
+        assert {k: events[-1].data[k] for k in ("status", "reason", "into")} == {
+            "status": "absorbed",
+            "reason": "steered",
+            "into": first,
+        }

@@ -7,7 +7,12 @@ checks the invariants after every step:
   run's last event is its input_requested;
 * every run's journal is gap-free from 1;
 * a turn that was queued when its conversation was stopped never starts;
-* a worker whose claim is gone can write nothing.
+* a worker whose claim is gone can write nothing;
+* every steering message (``on_busy="steer"``) is delivered exactly once: read into a
+  running turn by one delivery (its run ``absorbed`` into that turn, its message moved
+  there), or as a turn of its own (it started), or it is still queued, or a stop handed
+  it back as a draft; never two of these, never lost; a delivery sent again (a lost
+  answer) returns what it delivered and absorbs nothing more.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from runrow._engine.reaper import reap_expired
 from . import manual
 
 CONVERSATIONS = ["a", "b", "c"]
-TERMINAL = {"completed", "failed", "cancelled", "expired"}
+TERMINAL = {"completed", "failed", "cancelled", "expired", "absorbed"}
 
 
 class Lifecycle(RuleBasedStateMachine):
@@ -59,6 +64,9 @@ class Lifecycle(RuleBasedStateMachine):
         self.order: dict[uuid.UUID, int] = {}  # enqueue order: run ids are random, choices must not be
         self.parks: dict[uuid.UUID, int] = {}  # how many times each run parked (its next input's key)
         self.deadlines: dict[uuid.UUID, bool] = {}  # waiting runs: whether their wait has a timeout
+        self.steers: set[uuid.UUID] = set()  # runs enqueued with on_busy="steer"
+        self.positions = 0  # step positions and delivery occurrences, never reused (one counter)
+        self.delivered: dict[tuple[uuid.UUID, int], list[dict[str, Any]]] = {}  # (run, occurrence) -> what
 
     def ordered(self, ids: Any) -> list[uuid.UUID]:
         return sorted(ids, key=lambda r: self.order.get(r, len(self.order)))
@@ -113,6 +121,96 @@ class Lifecycle(RuleBasedStateMachine):
         )
         self.order[run.id] = len(self.order)
 
+    @rule(conv=st.sampled_from(CONVERSATIONS))
+    def steer(self, conv: str) -> None:
+        run = self.call(
+            runrow.enqueue,
+            self.conn,
+            schema=self.schema,
+            conversation_id=conv,
+            user_id="u",
+            content=f"steer {conv}",
+            on_busy="steer",
+        )
+        self.order[run.id] = len(self.order)
+        self.steers.add(run.id)
+
+    def queue(self) -> dict[uuid.UUID, tuple[str, str, int, bool]]:
+        """Every run's conversation, status, queue order and steerable flag."""
+
+        async def read() -> list[tuple[Any, ...]]:
+            cur = await self.conn.execute(
+                sql.SQL("SELECT id, conversation_id, status, queue_order, steerable FROM {}").format(
+                    sql.Identifier(self.schema, "agent_run")
+                )
+            )
+            return await cur.fetchall()
+
+        return {r[0]: (r[1], r[2], r[3], r[4]) for r in self.call(read)}
+
+    @precondition(lambda self: self.tokens)
+    @rule(data=st.data())
+    def absorb(self, data: st.DataObject) -> None:
+        """The agent reads its steering messages: the steerable queued turns right after
+        it (up to the first live turn that is not one) are delivered, in queue order."""
+        run_id = data.draw(st.sampled_from(self.ordered(self.tokens)))
+        before = self.queue()
+        conv, status, order, _ = before[run_id]
+        flagged = self.call(self._cancel_flag, run_id)
+        expected: list[uuid.UUID] = []
+        for other, (c, s, o, steerable) in sorted(before.items(), key=lambda kv: kv[1][2]):
+            if c != conv or o <= order or s not in ("queued", "running", "waiting"):
+                continue
+            if s != "queued" or not steerable:
+                break
+            expected.append(other)
+        occurrence = self.positions
+        self.positions += 1
+        got = self.call(
+            manual.steer,
+            self.conn,
+            self.schema,
+            run_id,
+            self.tokens[run_id],
+            occurrence=occurrence,
+            position=occurrence,
+        )
+        if got is None:  # the claim is gone: nothing absorbed
+            assert status != "running" or self.queue()[run_id][1] != "running"
+            assert {r: v[1] for r, v in self.queue().items() if r in expected} == {
+                r: "queued" for r in expected
+            }
+            self._lose(run_id)
+            return
+        assert [uuid.UUID(m["run_id"]) for m in got] == ([] if flagged else expected)
+        self.delivered[(run_id, occurrence)] = got
+        after = self.queue()
+        assert all(after[uuid.UUID(m["run_id"])][1] == "absorbed" for m in got)
+
+    @precondition(lambda self: any(r in self.tokens for r, _ in self.delivered))
+    @rule(data=st.data())
+    def redeliver(self, data: st.DataObject) -> None:
+        """A delivery sent again (its answer was lost): the same messages, nothing more."""
+        held = sorted(
+            (k for k in self.delivered if k[0] in self.tokens), key=lambda k: (self.order.get(k[0], 0), k[1])
+        )
+        run_id, occurrence = data.draw(st.sampled_from(held))
+        before = self.queue()
+        got = self.call(
+            manual.steer,
+            self.conn,
+            self.schema,
+            run_id,
+            self.tokens[run_id],
+            occurrence=occurrence,
+            position=occurrence,
+        )
+        if got is None:
+            self._lose(run_id)
+            return
+        assert got == self.delivered[(run_id, occurrence)]
+        assert self.queue() == before
+
     @rule(limit=st.integers(min_value=1, max_value=3))
     def claim(self, limit: int) -> None:
         for row in self.call(manual.claim, self.conn, self.schema, limit=limit):
@@ -165,9 +263,10 @@ class Lifecycle(RuleBasedStateMachine):
             self.tokens[run_id],
             self.next_seq[run_id],
             key=f"k{n}",
-            position=n,
+            position=self.positions,
             timeout=timeout,
         )
+        self.positions += 1
         status = self.runs()[run_id][1]
         if landed:
             assert status == ("cancelled" if flagged else "waiting")
@@ -295,6 +394,37 @@ class Lifecycle(RuleBasedStateMachine):
                 assert evs[-1][1] == "input_requested"
 
     @invariant()
+    def every_steering_message_is_delivered_exactly_once(self) -> None:
+        async def read() -> list[tuple[Any, ...]]:
+            cur = await self.conn.execute(
+                sql.SQL(
+                    "SELECT a.id, a.status, a.started_at, a.absorbed_into, m.status, m.run_id,"
+                    " EXISTS (SELECT 1 FROM {runs} r WHERE r.retry_of = a.id),"
+                    " (SELECT count(*) FROM {steps} s, jsonb_array_elements(s.result) e"
+                    "  WHERE s.key = 'runrow.steering' AND e ->> 'run_id' = a.id::text)"
+                    " FROM {runs} a JOIN {msgs} m ON m.id = a.user_message_id"
+                ).format(
+                    steps=sql.Identifier(self.schema, "run_step"),
+                    runs=sql.Identifier(self.schema, "agent_run"),
+                    msgs=sql.Identifier(self.schema, "message"),
+                )
+            )
+            return await cur.fetchall()
+
+        for run_id, status, started, into, message_status, message_run, retried, deliveries in self.call(
+            read
+        ):
+            if status == "absorbed":  # read by one delivery, into the run that made it
+                assert run_id in self.steers and started is None and deliveries == 1
+                assert into is not None and message_run == into
+            else:
+                assert deliveries == 0 and into is None
+                if run_id in self.steers and started is None and status != "queued":
+                    # never started and not queued: a stop handed it back (or it was then
+                    # retried: a turn of its own)
+                    assert status == "cancelled" and (message_status == "draft" or retried)
+
+    @invariant()
     def stopped_queued_turns_never_start(self) -> None:
         runs = self.runs()
         for run_id in self.stopped_queued:
@@ -308,4 +438,49 @@ def test_lifecycle_state_machine(dsn: str) -> None:
         Lifecycle.portal = portal
         run_state_machine_as_test(
             Lifecycle, settings=settings(max_examples=40, stateful_step_count=30, deadline=None)
+        )
+
+
+class SteeringLifecycle(Lifecycle):
+    """The same machine with the rules steering meets most (turns and steering messages
+    enqueued, claims, deliveries and their resends, parks and inputs, endings, stops,
+    reaps): every invariant above, with deliveries common enough to matter."""
+
+    # (Not rules here: overridden without @rule.)
+    def emit(self, data: st.DataObject, n: int) -> None:  # type: ignore[override]
+        raise AssertionError("not a rule of this machine")
+
+    def zombie_writes(self, data: st.DataObject) -> None:  # type: ignore[override]
+        raise AssertionError("not a rule of this machine")
+
+    def cancel(self, data: st.DataObject) -> None:  # type: ignore[override]
+        raise AssertionError("not a rule of this machine")
+
+    @rule(conv=st.sampled_from(CONVERSATIONS[:2]))
+    def steer_more(self, conv: str) -> None:
+        self.steer(conv)
+
+    @rule(conv=st.sampled_from(CONVERSATIONS[:1]))
+    def enqueue_behind(self, conv: str) -> None:
+        self.enqueue(conv)
+
+    # (Rules are drawn uniformly: more ways to read makes deliveries with messages common.)
+    @precondition(lambda self: self.tokens)
+    @rule(data=st.data())
+    def absorb_more(self, data: st.DataObject) -> None:
+        self.absorb(data)
+
+    @precondition(lambda self: self.tokens)
+    @rule(data=st.data())
+    def absorb_again(self, data: st.DataObject) -> None:
+        self.absorb(data)
+
+
+@pytest.mark.slow
+def test_steering_lifecycle_state_machine(dsn: str) -> None:
+    with anyio.from_thread.start_blocking_portal(backend="asyncio") as portal:
+        SteeringLifecycle.dsn = dsn
+        SteeringLifecycle.portal = portal
+        run_state_machine_as_test(
+            SteeringLifecycle, settings=settings(max_examples=80, stateful_step_count=30, deadline=None)
         )

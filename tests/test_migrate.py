@@ -162,6 +162,28 @@ def test_the_contraction_check_sees_what_breaks_a_previous_release() -> None:
     assert _contracting("ALTER TABLE t ALTER COLUMN turn DROP NOT NULL;") == []
 
 
+def _widened(text: str) -> str:
+    """``text`` without the CHECK constraints it replaces by wider ones: each declared on a
+    line of its own, "-- widens: <name>", and dropped by name in the same migration (a
+    previous release's writes pass a constraint that allows more; for the status check,
+    tests/test_status_vocabulary.py holds the new one to the code's statuses)."""
+    for name in re.findall(r"^--\s*widens:\s*(\w+)", text, re.MULTILINE):
+        dropped = re.search(rf"\bDROP\s+CONSTRAINT\s+{name}\b", text, re.IGNORECASE)
+        assert dropped, f"a widened constraint ({name}) replaces one of that name"
+        text = re.sub(rf"\bADD\s+CONSTRAINT\s+{name}\b", "", text, flags=re.IGNORECASE)
+    return text
+
+
+def test_a_widened_constraint_must_replace_one() -> None:
+    wider = "-- widens: c\nALTER TABLE t DROP CONSTRAINT c;\nALTER TABLE t ADD CONSTRAINT c CHECK (x > -1);"
+    assert _contracting(_widened(wider)) == []
+    with pytest.raises(AssertionError, match="replaces one of that name"):
+        _widened("-- widens: c\nALTER TABLE t ADD CONSTRAINT c CHECK (x > 0);")
+    assert _contracting(_widened(wider + "\nALTER TABLE t ADD CONSTRAINT d CHECK (y);")) == [
+        "a new constraint (old writers may break it)"
+    ]
+
+
 def test_migrations_expand_before_they_contract() -> None:
     """Every migration from 8 on leaves the schema usable by the release before it
     (tests/test_rolling_upgrade.py runs that release on it), or declares itself a
@@ -173,7 +195,8 @@ def test_migrations_expand_before_they_contract() -> None:
     guide = (Path(__file__).resolve().parents[1] / "docs" / "howto" / "upgrading.md").read_text()
     for step in steps[FIRST_EXPANDING - 1 :]:
         declared = re.search(r"^--\s*contract:", step.text, re.MULTILINE)
-        assert declared or not _contracting(step.text), (step.name, _contracting(step.text))
+        text = _widened(step.text)
+        assert declared or not _contracting(text), (step.name, _contracting(text))
         # A contraction is scheduled in the guide before it ships.
         assert not declared or step.name in guide, f"{step.name} is not in docs/howto/upgrading.md"
 

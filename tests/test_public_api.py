@@ -46,6 +46,7 @@ EXPECTED = {
     "Schedule",
     "SchemaOutOfDate",
     "SpawnLimitExceeded",
+    "SteeringMessage",
     "StepFailed",
     "StepMismatch",
     "StepUncertain",

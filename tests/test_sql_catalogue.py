@@ -98,10 +98,13 @@ def test_no_statement_spells_a_fragment_by_hand() -> None:
                 )
 
 
-def test_migrations_are_numbered_without_gaps() -> None:
+def test_migrations_are_numbered_in_order() -> None:
+    """From 1, strictly increasing; a number another branch took may be missing until it
+    lands (see _sql.migrations), never more than a few."""
     versions = [v for v, _, _ in _sql.migrations()]
-    assert versions == list(range(1, len(versions) + 1))
-    assert runrow.latest_version() == len(versions)
+    assert versions[0] == 1 and versions == sorted(set(versions))
+    assert len(versions) >= versions[-1] - 2
+    assert runrow.latest_version() == versions[-1]
 
 
 # -- one SQL gateway: only runrow/_gateway loads statements ----------------------------

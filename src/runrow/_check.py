@@ -21,8 +21,9 @@ from . import _json
 from ._db import schema_guard, statement_conn
 from ._engine.context import RunContext
 from ._engine.replay import MARKER, Recorded, rebuilt
+from ._engine.steering import STEERING, Delivery, messages_of
 from ._errors import InvalidInput, StepMismatch
-from ._gateway import reads
+from ._gateway import reads, steering
 from ._gateway import steps as _gw
 from ._gateway._exec import run
 from ._names import DEFAULT_SCHEMA, check_schema
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 
     from ._db import Database
     from ._gateway.steps import CheckRun
-    from ._models import Message
+    from ._models import Message, SteeringMessage
 
 __all__ = ["CheckResult", "check_runs"]
 
@@ -83,6 +84,7 @@ class _Replay(RunContext):
         self._messages, self._next_position = 0, 0
         self._occurrences: dict[str, int] = {}
         self._markers: dict[str, bool] = {}
+        self._delivered: set[uuid.UUID] = set()  # steering messages the replay passed
         self.stop: _Stop | None = None  # the first stop (kept should the agent swallow it)
 
     @property
@@ -153,6 +155,21 @@ class _Replay(RunContext):
             return prior.result
         raise self._stopped(f"input {key!r}: the run waits for it", position)
 
+    def steering(self) -> Delivery:
+        return Delivery(self._steered)
+
+    async def _steered(self) -> list[SteeringMessage]:
+        position, occurrence = self._number(STEERING)
+        prior = self._book_of.match(STEERING, occurrence, position)
+        if prior is not None and prior.input:
+            raise StepMismatch(self.run_id, position, STEERING, f"{prior.key} (an input, not a delivery)")
+        if prior is None:
+            raise self._stopped("steering: not read yet, the run goes on from it", position)
+        async with statement_conn(self._db) as conn:
+            found = messages_of(await run(conn, steering.read(self._schema, ids=prior.result)))
+        self._delivered |= {m.message_id for m in found}
+        return found
+
     async def changed(self, name: str) -> bool:
         _json.check_id(name, "name", max_len=_MAX_KEY - len(MARKER))
         key = MARKER + name
@@ -174,7 +191,9 @@ class _Replay(RunContext):
                 conn, reads.transcript(self._schema, conversation_id=self.conversation_id, run_id=self.run_id)
             )
         # As a replay reads it: without what this run wrote after this point.
-        written = {self._message_id(i) for i in range(self._messages)} | {self.user_message_id}
+        written = (
+            {self._message_id(i) for i in range(self._messages)} | {self.user_message_id} | self._delivered
+        )
         return [m for m in found if m.run_id != self.run_id or m.id in written]
 
 

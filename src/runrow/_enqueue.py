@@ -85,7 +85,12 @@ async def enqueue(
     :class:`ConversationBusy` and writes nothing, ``"interrupt"`` stops the conversation
     (queued turns cancelled, their messages handed back as drafts in
     ``Run.interrupted``, the running turn asked to stop) and queues the new turn, in
-    one transaction; the new turn starts once the running one has ended.
+    one transaction; the new turn starts once the running one has ended. ``"steer"``
+    queues the new turn marked steerable: the conversation's running turn (or the
+    queued turn before it, once it runs) may read its message with
+    :meth:`RunContext.steering`, which ends it ``absorbed`` into that run; a steerable
+    turn no earlier turn read runs as a turn of its own, in its place
+    (docs/howto/steering.md). Without an active turn it is an ordinary turn.
 
     Turn order: a conversation's turns start in the order their enqueues
     committed, and the transcript follows that order (each turn's answers before the

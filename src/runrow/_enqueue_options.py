@@ -20,7 +20,7 @@ __all__ = ["DEFAULT_MAX_CONTENT_BYTES", "EnqueueOptions", "OnBusy", "when"]
 DEFAULT_MAX_CONTENT_BYTES = 256 * 1024
 """Default size limit of a message's content, as serialised JSON."""
 
-OnBusy = Literal["enqueue", "reject", "interrupt"]
+OnBusy = Literal["enqueue", "reject", "interrupt", "steer"]
 """What :func:`runrow.enqueue` does when the conversation already has a queued or running turn."""
 
 _MAX_OFFSET_SECONDS = 1000 * 365 * 86400
@@ -59,9 +59,10 @@ class EnqueueOptions:
 
     @property
     def gated(self) -> bool:
-        """Whether the enqueue takes the admission locks (a limit, ``reject`` or ``interrupt``)."""
+        """Whether the enqueue takes the admission locks (a limit, ``reject`` or ``interrupt``;
+        ``steer`` only marks the turn, as one statement)."""
         return (
-            self.on_busy != "enqueue"
+            self.on_busy in ("reject", "interrupt")
             or self.max_queued_tenant is not None
             or self.max_queued_conversation is not None
         )
@@ -97,8 +98,8 @@ class EnqueueOptions:
         _json.check_id(limit_key, "limit_key", optional=True, max_len=200)
         if isinstance(priority, bool) or not isinstance(priority, int) or not -(2**31) <= priority < 2**31:
             raise InvalidInput("priority", "must be an integer that fits in 32 bits")
-        if on_busy not in ("enqueue", "reject", "interrupt"):
-            raise InvalidInput("on_busy", "must be 'enqueue', 'reject' or 'interrupt'")
+        if on_busy not in ("enqueue", "reject", "interrupt", "steer"):
+            raise InvalidInput("on_busy", "must be 'enqueue', 'reject', 'interrupt' or 'steer'")
         for name, limit in (
             ("max_queued_per_tenant", max_queued_per_tenant),
             ("max_queued_per_conversation", max_queued_per_conversation),

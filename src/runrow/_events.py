@@ -33,6 +33,10 @@ letter, then ASCII letters, digits, ``_``, ``.``, ``:`` or ``-``, at most 64 cha
   went back to the queue, due in ``after`` seconds (with ``key``, that key's gate shut as
   long), spending no attempt; it runs on with the next seq when claimed again. Only
   runrow writes it.
+* ``steering_delivered`` ``{"message_id", "run_id", "content", "user_id"}`` — a steering
+  message (``enqueue(on_busy="steer")``, sent as run ``run_id``) delivered into this
+  run: the agent read it (``RunContext.steering``), at this point of its journal. One
+  event per message, in the order they were sent. Only runrow writes it.
 * anything else the agent emits (``message_done``, ...) is structural too: it flushes
   pending text and is written at once.
 * ``complete`` ``{"status", "error"?, "reason"?, "uncertain_tool_calls"?}`` — the one
@@ -42,7 +46,9 @@ letter, then ASCII letters, digits, ``_``, ``.``, ``:`` or ``-``, at most 64 cha
   ended it at its deadline, or the reaper did: its deadline passed while its lease still
   held), ``worker_lost`` (the reaper ended it after its lease lapsed; a run both lost and
   past its deadline gets whichever passed first), ``input_expired`` (it waited for input
-  past the wait's timeout: status ``expired``). A reaper-written event always carries
+  past the wait's timeout: status ``expired``), ``steered`` (a steering message's turn
+whose message a running turn read: status ``absorbed``, with ``into``, the run that
+read it; written by that run's delivery). A reaper-written event always carries
   ``uncertain_tool_calls``: ``[{"tool_call_id", "name"}, ...]`` in start order, the tool
   calls whose side effects may or may not have happened (``[]`` when none, and always
   for a run that waited for input: it parked on purpose, cut in no call).
@@ -74,6 +80,7 @@ __all__ = [
     "KEEPALIVE",
     "RETRY_LATER",
     "RUN_QUEUED",
+    "STEERING_DELIVERED",
     "TERMINAL_EVENT",
     "TOOL_CALL_FINISHED",
     "TOOL_CALL_STARTED",
@@ -98,8 +105,11 @@ INPUT_PROVIDED = "input_provided"
 CHILDREN_AWAITED = "children_awaited"
 USAGE = "usage"
 RETRY_LATER = "retry_later"
+STEERING_DELIVERED = "steering_delivered"
 KEEPALIVE = "keepalive"  # never stored: a tail's idle marker
-ENDING_REASONS = ("stopped", "stopped_before_start", "deadline_exceeded", "worker_lost", "input_expired")
+ENDING_REASONS = (
+    "stopped", "stopped_before_start", "deadline_exceeded", "worker_lost", "input_expired", "steered"
+)  # fmt: skip
 """The terminal event's ``reason`` values (see the list above)."""
 DEFAULT_MAX_EVENT_BYTES = 256 * 1024
 MAX_EVENT_TYPE_LENGTH = 64
@@ -173,7 +183,8 @@ def checked_event(event: Mapping[str, Any], max_bytes: int) -> tuple[str, dict[s
             f"ASCII letters, digits, '_', '.', ':' or '-', at most {MAX_EVENT_TYPE_LENGTH} characters",
         )
     if etype in (
-        TERMINAL_EVENT, KEEPALIVE, INPUT_REQUESTED, INPUT_PROVIDED, CHILDREN_AWAITED, USAGE, RETRY_LATER
+        TERMINAL_EVENT, KEEPALIVE, INPUT_REQUESTED, INPUT_PROVIDED, CHILDREN_AWAITED, USAGE, RETRY_LATER,
+        STEERING_DELIVERED,
     ):  # fmt: skip
         raise InvalidInput("event", f"type {etype!r} is reserved for runrow")
     payload = {k: v for k, v in event.items() if k != "type"}

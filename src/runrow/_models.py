@@ -76,6 +76,11 @@ class RunInfo:
     """A spawned child's parent (the first run of the spawning turn); None for a host's turn."""
     root_run_id: uuid.UUID | None = None
     """A spawned child's tree root (the first run of the root turn); None for a host's turn."""
+    steerable: bool = False
+    """Enqueued with ``on_busy="steer"``: an earlier turn of its conversation may read its
+    message (``RunContext.steering``) instead of it running as a turn of its own."""
+    absorbed_into: uuid.UUID | None = None
+    """An ``absorbed`` run: the run whose turn read its message."""
 
     def __post_init__(self) -> None:
         # The column outlives the claim (parking keeps it); what a host shows is who holds it.
@@ -107,6 +112,20 @@ class Message:
     run_id: uuid.UUID | None
     user_id: str | None
     created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class SteeringMessage:
+    """A steering message delivered into a running turn (:meth:`RunContext.steering`).
+
+    ``message_id`` is the user message (now in the reading turn's transcript, where it was
+    read); ``run_id`` the turn it was sent as (``enqueue(on_busy="steer")`` returned it;
+    it ended ``absorbed``); ``content`` and ``user_id`` as sent."""
+
+    message_id: uuid.UUID
+    run_id: uuid.UUID
+    content: Any
+    user_id: str | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Final, Literal, get_args
 
 __all__ = [
+    "ABSORBED",
     "CANCELLED",
     "COMPLETED",
     "EXPIRED",
@@ -25,7 +26,7 @@ __all__ = [
     "RunStatus",
 ]
 
-RunStatus = Literal["queued", "running", "waiting", "completed", "failed", "cancelled", "expired"]
+RunStatus = Literal["queued", "running", "waiting", "completed", "failed", "cancelled", "expired", "absorbed"]
 """A run's status, as the ``agent_run.status`` column holds it."""
 
 QUEUED: Final = "queued"
@@ -35,6 +36,9 @@ COMPLETED: Final = "completed"
 FAILED: Final = "failed"
 CANCELLED: Final = "cancelled"
 EXPIRED: Final = "expired"
+ABSORBED: Final = "absorbed"
+"""A steering message's turn whose message a running turn read (``RunContext.steering``):
+it ended there, its message delivered into that run (``RunInfo.absorbed_into``)."""
 
 STATUSES: Final[tuple[RunStatus, ...]] = get_args(RunStatus)
 """Every status, in the order of the life of a run (the OpenAPI enum's order)."""

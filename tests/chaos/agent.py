@@ -3,7 +3,8 @@
 A run's ``request`` says what to do: ``steps`` (each streams two deltas, performs a
 side effect keyed by (run_id, step) and journals a ``step_done`` event; with ``durable``,
 the effect is a durable step keyed by the turn, which a retry replays), ``delay``
-between steps, ``message`` (write the answer to the transcript), and optionally a
+between steps, ``message`` (write the answer to the transcript), ``steer_reads`` (read
+steering messages at each step boundary, #41 point 6), and optionally a
 ``hook`` with a ``fault`` id; with ``tree`` (a count), the run is a tree's root that spawns
 that many children running ``child`` (see :func:`parent`). At a hook point the agent announces itself by writing
 ``<CHAOS_HOOK_DIR>/<fault>.json`` (its pid, worker id and run id), then waits up to
@@ -134,6 +135,8 @@ async def agent(run: RunContext) -> None:
         else:
             await side_effect(run, step, execution)
         await run.emit({"type": "step_done", "step": step})
+        if request.get("steer_reads"):
+            await run.steering()  # a step boundary: steering messages sent meanwhile come in here
         if step == steps // 2:
             await _hook(run, request, "mid_stream")
             await _hook(run, request, "stall")

@@ -80,6 +80,9 @@ class RunRow:
     root_run_id: uuid.UUID | None = None
     lineage_id: uuid.UUID | None = None  # its turn's first run (None: it is that run)
     child_index: int | None = None  # which of its parent's children (the request's "index")
+    steerable: bool = False  # a steering message (#41 point 6: enqueue(on_busy="steer"))
+    absorbed_into: uuid.UUID | None = None  # an absorbed one: the run whose turn read it
+    started: bool = False  # whether it ever ran (as a turn of its own)
 
 
 @dataclass
@@ -125,6 +128,9 @@ class Snapshot:
     faults: list[FaultRow]
     step_effects: list[tuple[uuid.UUID, int, int]] = field(default_factory=list)
     """(turn, step, executions) of durable steps, counted across a turn's attempts."""
+    deliveries: list[tuple[uuid.UUID, uuid.UUID, int, list[uuid.UUID]]] = field(default_factory=list)
+    """Steering deliveries (run_step ``runrow.steering``): (lineage, the run that made it,
+    occurrence, the absorbed runs it delivered, in order)."""
 
 
 @dataclass
@@ -159,7 +165,8 @@ async def load(conn: AsyncConnection, schema: str, chaos_schema: str) -> Snapsho
         for r in await q(
             sql.SQL(
                 "SELECT id, conversation_id, status, queue_order, cancel_requested, attempt, parent_run_id,"
-                " root_run_id, lineage_id, (request ->> 'index')::int FROM {}"
+                " root_run_id, lineage_id, (request ->> 'index')::int, steerable, absorbed_into,"
+                " started_at IS NOT NULL FROM {}"
             ).format(ident(schema, "agent_run"))
         )
     }
@@ -207,7 +214,18 @@ async def load(conn: AsyncConnection, schema: str, chaos_schema: str) -> Snapsho
             sql.SQL("SELECT turn, step, executions FROM {}").format(ident(chaos_schema, "step_effect"))
         )
     ]
-    return Snapshot(meta, runs, dict(events), transitions, side_effects, stops, faults, step_effects)
+    deliveries = [
+        (r[0], r[1], r[2], [uuid.UUID(m["run_id"]) for m in r[3]])
+        for r in await q(
+            sql.SQL(
+                "SELECT lineage_id, run_id, occurrence, result FROM {} WHERE key = 'runrow.steering'"
+                " ORDER BY lineage_id, occurrence"
+            ).format(ident(schema, "run_step"))
+        )
+    ]
+    return Snapshot(
+        meta, runs, dict(events), transitions, side_effects, stops, faults, step_effects, deliveries
+    )
 
 
 async def check(
@@ -711,6 +729,47 @@ def _stops_reach_descendants(ctx: _Context) -> list[str]:
     return out
 
 
+def _no_lost_steering_message(ctx: _Context) -> list[str]:
+    """Proves every steering message was delivered exactly once: read by one delivery of the
+    turn it was absorbed into (never by two, never by a turn it was not absorbed into), or
+    run as a turn of its own (never absorbed, never read), or handed back by a stop; and
+    that a delivery only took steering messages of its own conversation, queued after the
+    turn that read them."""
+    out: list[str] = []
+    runs = ctx.snap.runs
+    read: defaultdict[uuid.UUID, list[tuple[uuid.UUID, uuid.UUID, int]]] = defaultdict(list)
+    for lineage, reader, occurrence, taken in ctx.snap.deliveries:
+        for rid in taken:
+            read[rid].append((lineage, reader, occurrence))
+    for run in runs.values():
+        got = read.get(run.id, [])
+        if run.status == "absorbed":
+            if len(got) != 1:
+                out.append(
+                    f"steering message {run.id}: absorbed, but read by {len(got)} deliveries {got[:3]}"
+                )
+                continue
+            lineage, reader, _ = got[0]
+            into = runs.get(run.absorbed_into) if run.absorbed_into else None
+            if into is None or (into.lineage_id or into.id) != lineage:
+                out.append(
+                    f"steering message {run.id}: absorbed into {run.absorbed_into}, read by turn {lineage}"
+                )
+            elif into.conversation_id != run.conversation_id or into.queue_order >= run.queue_order:
+                out.append(
+                    f"steering message {run.id}: read by {into.id}, not an earlier turn of its conversation"
+                )
+            if not run.steerable or run.started:
+                out.append(
+                    f"steering message {run.id}: absorbed, but steerable={run.steerable} started={run.started}"
+                )
+        elif got:
+            out.append(f"run {run.id} ({run.status}): read by a delivery {got[0]}, but not absorbed")
+        elif run.steerable and not run.started and run.status != "cancelled":
+            out.append(f"steering message {run.id}: {run.status}, never read and never run (lost)")
+    return out
+
+
 _CHECKS: dict[str, Callable[[_Context], list[str]]] = {
     "exactly_one_terminal_state": _exactly_one_terminal_state,
     "terminal_states_never_changed": _terminal_states_never_changed,
@@ -726,6 +785,7 @@ _CHECKS: dict[str, Callable[[_Context], list[str]]] = {
     "children_spawned_once": _children_spawned_once,
     "parents_end_after_children": _parents_end_after_children,
     "stops_reach_descendants": _stops_reach_descendants,
+    "no_lost_steering_message": _no_lost_steering_message,
 }
 """Each invariant's check, in report order: a new invariant is one function and one entry here."""
 
@@ -772,6 +832,9 @@ def _counts(ctx: _Context) -> dict[str, Any]:
         "children": sum(1 for r in snap.runs.values() if r.parent_run_id is not None),
         "parents": len({r.parent_run_id for r in snap.runs.values() if r.parent_run_id is not None}),
         "parks": sum(1 for evs in snap.events.values() for _, etype, _ in evs if etype in PARK_EVENTS),
+        "steering_messages": sum(1 for r in snap.runs.values() if r.steerable),
+        "steering_absorbed": by_status.get("absorbed", 0),
+        "steering_deliveries": sum(1 for d in snap.deliveries if d[3]),
     }
 
 

@@ -45,6 +45,7 @@ from psycopg import AsyncConnection, sql  # noqa: E402
 from psycopg_pool import AsyncConnectionPool, PoolTimeout  # noqa: E402
 
 import runrow  # noqa: E402
+from runrow._enqueue_options import OnBusy  # noqa: E402
 from runrow.embedded import EmbeddedPostgres  # noqa: E402
 from tests.chaos.checker import INVARIANTS, Transcript, check, summary  # noqa: E402
 from tests.chaos.proxy import Proxy  # noqa: E402
@@ -52,6 +53,7 @@ from tests.chaos.schema import ident, install, stop_and_log  # noqa: E402
 
 REPORT_FORMAT = "runrow-chaos-report/1"
 TREE_FRACTION = 0.15  # of the load's turns, roots of a tree of sub-agents (#41)
+STEER_FRACTION = 0.25  # of a burst's later turns, steering messages (#41 point 6: on_busy="steer")
 SCHEMA = "runrow"
 CHAOS = "chaos"
 DBNAME = "chaos"
@@ -308,7 +310,9 @@ class Chaos:
 
     # -- load ---------------------------------------------------------------------------
 
-    async def enqueue(self, cid: str, request: dict[str, Any], n: int) -> uuid.UUID | None:
+    async def enqueue(
+        self, cid: str, request: dict[str, Any], n: int, on_busy: OnBusy = "enqueue"
+    ) -> uuid.UUID | None:
         key = uuid.uuid4().hex
         deadline = anyio.current_time() + 30
         while True:
@@ -321,6 +325,7 @@ class Chaos:
                         content=f"turn {n} of {cid}",
                         request=request,
                         idempotency_key=key,  # a retry after an unknown outcome is the same turn
+                        on_busy=on_busy,
                         schema=SCHEMA,
                     )
                 self.stats.enqueued += run.created
@@ -392,11 +397,15 @@ class Chaos:
                 "delay": round(self.rng.uniform(0.02, 0.15), 3),
                 "message": self.rng.random() < 0.3,
                 "durable": self.rng.random() < 0.4,
+                "steer_reads": self.rng.random() < 0.6,
             }
+            on_busy: OnBusy = "enqueue"
             if self.rng.random() < TREE_FRACTION:  # a tree: the root spawns children, waits, answers
                 child = {**request, "steps": self.rng.randint(1, 3), "durable": True}
                 request = {"tree": self.rng.randint(2, 4), "child": child, "message": True}
-            rid = await self.enqueue(cid, request, i)
+            elif i and self.rng.random() < STEER_FRACTION:  # a steering message into the turn before
+                on_busy = "steer"
+            rid = await self.enqueue(cid, request, i, on_busy)
             if rid is not None and self.rng.random() < self.prof.tail_fraction:
                 tails.start_soon(self.follow, rid)
             if rid is not None and "tree" in request and self.rng.random() < 0.5:

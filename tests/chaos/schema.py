@@ -28,7 +28,7 @@ from psycopg import sql
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
 
-TERMINAL = ("completed", "failed", "cancelled")
+TERMINAL = ("completed", "failed", "cancelled", "absorbed")
 
 _DDL = """
 CREATE SCHEMA {c};

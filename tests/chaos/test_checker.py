@@ -48,6 +48,7 @@ class World:
         q = sql.SQL(query).format(
             run=ident(self.schema, "agent_run"),
             ev=ident(self.schema, "run_event"),
+            run_step=ident(self.schema, "run_step"),
             c=sql.Identifier(self.chaos),
         )
         cur = await self.conn.execute(q, params)
@@ -441,6 +442,73 @@ async def test_a_child_spawned_after_its_tree_was_stopped(world: World) -> None:
     result = await world.check()
     assert failing(result) == {"stops_reach_descendants"}
     assert "was spawned after the stop" in result.violations["stops_reach_descendants"][0]
+
+
+async def _steered(world: World, conversation: str) -> tuple[uuid.UUID, uuid.UUID]:
+    """A turn started by hand that reads one steering message with the real delivery
+    statement, then completes: (the turn, the steering message's run)."""
+    from tests import manual
+
+    turn = await world.enqueue(conversation)
+    await world.start(turn)
+    steer = await runrow.enqueue(
+        world.conn,
+        conversation_id=conversation,
+        user_id="u",
+        content="also",
+        on_busy="steer",
+        schema=world.schema,
+    )
+    [(token,)] = await world.execute("SELECT claim_token FROM {run} WHERE id = %s", (turn,))
+    got = await manual.steer(world.conn, world.schema, turn, token, occurrence=0, position=0)
+    assert got is not None and [m["run_id"] for m in got] == [str(steer.id)]
+    await world.finish(turn)
+    return turn, steer.id
+
+
+async def test_a_steering_message_read_once_passes_and_read_twice_fails(world: World) -> None:
+    _, steer = await _steered(world, "steer-1")
+    result = await world.check()
+    assert result.ok, result.violations
+    assert result.counts["steering_messages"] == 1 and result.counts["steering_absorbed"] == 1
+    # A second delivery (another turn's step) that read it again, as a replay that absorbed anew would.
+    other = await world.enqueue("steer-1b")
+    await world.start(other)
+    await world.finish(other)
+    await world.execute(
+        "INSERT INTO {run_step} (lineage_id, key, occurrence, position, run_id, status, idempotent, result,"
+        " recorded_at) VALUES (%s, 'runrow.steering', 0, 0, %s, 'recorded', true, jsonb_build_array("
+        "jsonb_build_object('message_id', gen_random_uuid(), 'run_id', %s::text)), now())",
+        (other, other, steer),
+    )
+    result = await world.check()
+    assert failing(result) == {"no_lost_steering_message"}
+    assert "read by 2 deliveries" in result.violations["no_lost_steering_message"][0]
+
+
+async def test_a_steering_message_absorbed_without_a_delivery_is_lost(world: World) -> None:
+    turn, _ = await _steered(world, "steer-2")
+    lost = await runrow.enqueue(
+        world.conn,
+        conversation_id="steer-2",
+        user_id="u",
+        content="gone",
+        on_busy="steer",
+        schema=world.schema,
+    )
+    # Ended absorbed with its terminal event, but no delivery read it: the message is lost.
+    await world.execute(
+        "UPDATE {run} SET status = 'absorbed', absorbed_into = %s, finished_at = now() WHERE id = %s",
+        (turn, lost.id),
+    )
+    await world.execute(
+        "INSERT INTO {ev} (run_id, seq, type, payload) SELECT %s, max(seq) + 1, 'complete', "
+        "jsonb_build_object('status', 'absorbed') FROM {ev} WHERE run_id = %s",
+        (lost.id, lost.id),
+    )
+    result = await world.check()
+    assert failing(result) == {"no_lost_steering_message"}
+    assert "read by 0 deliveries" in result.violations["no_lost_steering_message"][0]
 
 
 async def test_a_tree_tail_that_lost_repeated_or_misordered_an_event(world: World) -> None:

@@ -7,15 +7,16 @@ import uuid
 from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar, overload
 
 import anyio
-import psycopg
 
 from .. import _json
-from .._db import describe, out_of_budget, statement_conn
+from .._db import statement_conn
 from .._errors import InvalidInput, LeaseLost
 from .._events import CONTENT_DELTA
-from .._gateway import messages, reads
+from .._gateway import reads
 from .._gateway._exec import run
 from .._usage_check import usage_payload
+from .message_write import write_resolving
+from .steering import Delivery, Steering
 from .steps import Steps
 from .tree import Family
 
@@ -33,10 +34,6 @@ log = logging.getLogger("runrow.run")
 
 P = ParamSpec("P")
 T = TypeVar("T")
-
-# Failures that leave a write's outcome unknown: read it back before retrying.
-_TRANSIENT = (psycopg.OperationalError, psycopg.InterfaceError, TimeoutError)
-_TRANSCRIPT_WRITE = "a transcript write (write_message)"  # as a timed-out run's error names it
 
 
 class RunContext:
@@ -72,6 +69,7 @@ class RunContext:
         self._steps: Steps | None = Steps(host, run, journal) if row.resumes else None
         self._messages = 0  # write_message calls: the n-th call's id is fixed (see there)
         self._tree: Family | None = None  # (made at its first spawn or wait)
+        self._steering: Steering | None = None  # (made at its first delivery)
 
     @property
     def cancel_requested(self) -> bool:
@@ -134,14 +132,16 @@ class RunContext:
         # Shielded: a stop cutting the write short would leave its outcome unknown, and
         # the ending would then save the streamed text again as a partial answer.
         with anyio.CancelScope(shield=True):
-            landed = await self._write_resolving(
+            landed = await write_resolving(
+                self._host,
+                self._run,
                 {
                     "message_id": message_id,
                     "run_id": self.run_id,
                     "claim_token": self._run.token,
                     "role": role,
                     "content": body,
-                }
+                },
             )
             if landed:
                 self._journal.answer_taken(mark)
@@ -149,67 +149,6 @@ class RunContext:
             self._host.lost(self.run_id)
             raise LeaseLost(self.run_id)
         return message_id
-
-    async def _write_resolving(self, params: dict[str, Any]) -> bool:
-        """The fenced write; after a failure without an answer (a cut connection, a
-        database restart), reads back whether the message landed and retries only if
-        it did not. False: the claim is no longer this worker's."""
-        schema = self._host.settings.schema
-        budget = self._host.settings.lease / 2
-        deadline = anyio.current_time() + budget
-        delay = 0.05
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                with anyio.fail_after(max(deadline - anyio.current_time(), delay)):
-                    # (With the step writes: runs in flight share its commit.)
-                    written = await self._host.write_together(lambda: messages.write(schema, **params))
-                if written:
-                    return True
-                if attempt == 1 and self._run.row.lineage_id is None:
-                    return False  # the fence matched nothing (a first attempt's id is fresh)
-                # Nothing written: the fence, or the id taken by an earlier write (this
-                # one's, whose answer was lost, or an earlier attempt's of this turn, for a
-                # retry). The read-back below tells which.
-            except _TRANSIENT as exc:
-                if anyio.current_time() + delay > deadline:
-                    if (named := out_of_budget(exc, _TRANSCRIPT_WRITE, budget)) is not None:
-                        raise named from exc
-                    raise
-                self._host.db_trouble()
-                log.info(
-                    "transcript write of run %s failed (%s); checking whether it landed",
-                    self.run_id,
-                    describe(exc),
-                    extra={"run_id": str(self.run_id)},
-                )
-            while True:
-                await anyio.sleep(delay)
-                delay = min(delay * 2, 1.0)
-                try:
-                    with anyio.fail_after(max(deadline - anyio.current_time(), delay)):
-                        async with statement_conn(self._host.pool()) as conn:
-                            got = await run(
-                                conn,
-                                messages.landed(
-                                    schema,
-                                    message_id=params["message_id"],
-                                    run_id=self.run_id,
-                                    claim_token=self._run.token,
-                                ),
-                            )
-                    landed, owned = got.landed, got.owned
-                    break
-                except _TRANSIENT as exc:
-                    if anyio.current_time() + delay > deadline:
-                        if (named := out_of_budget(exc, _TRANSCRIPT_WRITE, budget)) is not None:
-                            raise named from exc
-                        raise
-            if landed:
-                return True
-            if not owned:
-                return False
 
     @overload
     async def step(
@@ -348,6 +287,24 @@ class RunContext:
         (result,) = await self._family().wait([child], False)
         return result.get()
 
+    def steering(self) -> Delivery:
+        """Delivers the steering messages sent to this conversation since the turn began
+        (``enqueue(on_busy="steer")``) that no delivery took yet, in the order they were
+        sent: ``for msg in await run.steering()`` or ``async for msg in run.steering()``
+        (:class:`~runrow.SteeringMessage`). Call it where the agent can take them in (a
+        step boundary: between model calls, after a tool call).
+
+        Each call is one delivery, a step of the turn (fenced by the claim, one statement):
+        the messages' turns end ``absorbed`` into this run, their messages move into this
+        turn's transcript at this point, each is journaled as ``steering_delivered``, and
+        the delivery is recorded. A replay (a resumed run, a retry) gets the same messages
+        at the same call, and absorbs nothing there; an empty delivery is recorded too. A
+        steering message no delivery took runs as a turn of its own when this one ends.
+        Raises :class:`LeaseLost` if this run's claim is gone."""
+        if self._steering is None:
+            self._steering = Steering(self._host, self._run, self._journal, self._book)
+        return Delivery(self._steering.take)
+
     def _family(self) -> Family:
         if self._tree is None:
             self._tree = Family(self._host, self._run, self._book)
@@ -380,6 +337,7 @@ class RunContext:
         # without what this run wrote later (before it paused), whatever is there now.
         written = {self._message_id(i) for i in range(self._messages)}
         written.add(self.user_message_id)
+        written |= self._steering.delivered if self._steering is not None else set()
         return [m for m in found if m.run_id != self.run_id or m.id in written]
 
     def _message_id(self, n: int) -> uuid.UUID:

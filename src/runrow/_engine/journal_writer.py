@@ -114,6 +114,13 @@ class JournalWriter:
         if _aio.now() - self._pending_since >= self._interval:
             await self.flush()
 
+    async def journal(self, etype: str, payload: dict[str, Any]) -> None:
+        """Writes an event runrow itself makes (a reserved type: ``steering_delivered``) at
+        once, after pending text; dropped while muted (a replay: journaled before)."""
+        self._check()
+        if not self.muted:
+            await self.flush(extra=(etype, _json.dumps(payload, "event")))
+
     def record_usage(self, payload_json: str) -> None:
         """Queues a usage event (its checked payload's JSON) for the next flush, whatever
         makes it: the flush clock, a structural event, an explicit flush or the ending."""

@@ -109,9 +109,7 @@ class Steps:
                 f"step {key!r} is already running in this turn; concurrent steps need keys of their own",
             )
         # Numbered before the first await: concurrent steps take their call order.
-        position, occurrence = self._next_position, self._occurrences[key]
-        self._next_position += 1
-        self._occurrences[key] += 1
+        position, occurrence = self.number(key)
         self._in_flight.add(key)
         try:
             return await self._step(key, occurrence, position, fn, args, kwargs, idempotent)
@@ -128,9 +126,7 @@ class Steps:
         kwargs: dict[str, Any],
         idempotent: bool,
     ) -> Any:
-        prior = await self._replayed(key, occurrence, position)
-        if prior is not None and prior.input:
-            raise StepMismatch(self._run_id, position, key, f"{prior.key} (an input, not a step)")
+        prior = await self.replayed(key, occurrence, position)
         if prior is not None:
             if prior.status == "recorded":
                 return prior.result
@@ -139,12 +135,9 @@ class Steps:
                 raise rebuilt(key, prior.error)
             if not idempotent:
                 raise StepUncertain(self._run_id, key, occurrence)
-        while (parking := self._parking) is not None:
-            # The turn is parking: a step not begun yet is not begun now (the park cuts
-            # it here, unmarked), and the resumed run begins it.
-            await parking.wait()
-        token = object()  # in flight until recorded: a park waits for it
-        self._active[token] = key
+        # (The turn parking: a step not begun yet is not begun now (the park cuts it in
+        # begin, unmarked), and the resumed run begins it.)
+        token = await self.begin(key)  # in flight until recorded: a park waits for it
         try:
             where = {"key": key, "occurrence": occurrence, "position": position}
             if not idempotent:
@@ -174,11 +167,31 @@ class Steps:
             recorded = await self._write(_gw.record, **where, idempotent=idempotent, result=text, error=None)
             return recorded.result  # as the database keeps it: what a replay returns too
         finally:
-            self._settled(token)
+            self.settled(token)
 
-    async def _replayed(self, key: str, occurrence: int, position: int) -> StepRecord | None:
-        """What an earlier attempt left for this call (None: nothing), or StepMismatch."""
-        return (await self._book()).match(key, occurrence, position)
+    def number(self, key: str) -> tuple[int, int]:
+        """The next call's place: its position in the turn and its occurrence of ``key``."""
+        position, occurrence = self._next_position, self._occurrences[key]
+        self._next_position += 1
+        self._occurrences[key] += 1
+        return position, occurrence
+
+    async def replayed(self, key: str, occurrence: int, position: int) -> StepRecord | None:
+        """What an earlier attempt left for this step (None: nothing), or StepMismatch
+        (also for an input there)."""
+        prior = (await self._book()).match(key, occurrence, position)
+        if prior is not None and prior.input:
+            raise StepMismatch(self._run_id, position, key, f"{prior.key} (an input, not a step)")
+        return prior
+
+    async def begin(self, key: str) -> object:
+        """A write about to begin: once no park is under way, counted in flight (a park
+        waits for it) until :meth:`settled` with the token returned."""
+        while (parking := self._parking) is not None:
+            await parking.wait()
+        token = object()
+        self._active[token] = key
+        return token
 
     async def _book(self) -> Recorded:
         if self._recorded is None:
@@ -208,20 +221,17 @@ class Steps:
         self._next_position += 1
         self._occurrences[key] += 1
         if answer is None:
-            while (parking := self._parking) is not None:
-                await parking.wait()
-            token = object()
-            self._active[token] = key
+            token = await self.begin(key)
             try:
                 where = {"key": key, "occurrence": 0, "position": before}
                 await self._write(_gw.record, **where, idempotent=True, result="true", error=None)
             finally:
-                self._settled(token)
+                self.settled(token)
         self._markers[key] = True
         return True
 
     async def _load(self) -> None:
-        records = await self._retrying(self._read_book)
+        records = await self.retrying(self._read_book)
         self._recorded = Recorded(self._run_id, records)
         # (A wait for children is recorded once the run resumes: it is where it parked.)
         answered = [
@@ -263,10 +273,8 @@ class Steps:
                 "key", f"{key!r} was already used in this turn; each wait needs a key of its own"
             )
         # (Its key is then taken for the turn: no second call, concurrent or later, has it.)
-        position = self._next_position
-        self._next_position += 1
-        self._occurrences[key] += 1
-        prior = await self._replayed(key, 0, position)
+        position, _ = self.number(key)
+        prior = (await self._book()).match(key, 0, position)
         if prior is not None and not prior.input:
             raise StepMismatch(self._run_id, position, key, f"{prior.key} (a step, not an input)")
         if prior is not None and prior.status == "recorded":
@@ -286,12 +294,11 @@ class Steps:
             if position == self._resume_at:
                 self._unmute()
             return got.result
-        token = object()
-        self._active[token] = key
+        token = await self.begin(key)
         try:
             await self._write(_gw.wait, key=key, occurrence=0, position=position, request=text)
         finally:
-            self._settled(token)
+            self.settled(token)
         self._marked[position] = (key, request, timeout, children)
         try:
             while True:
@@ -322,7 +329,7 @@ class Steps:
         first = children is not None and children.first
         self._host.park(self._run_id, Park(key, request, timeout, message_id, awaiting, first))
 
-    def _settled(self, token: object) -> None:
+    def settled(self, token: object) -> None:
         self._active.pop(token, None)
         if self._changed is not None:
             self._changed.set()
@@ -360,7 +367,7 @@ class Steps:
         next await."""
         schema = self._host.settings.schema
         with anyio.CancelScope(shield=True):
-            done = await self._retrying(
+            done = await self.retrying(
                 lambda: self._host.write_together(
                     lambda: statement(schema, run_id=self._run_id, claim_token=self._run.token, **params)
                 )
@@ -370,7 +377,7 @@ class Steps:
             raise LeaseLost(self._run_id)
         return done  # type: ignore[no-any-return]
 
-    async def _retrying(self, call: Callable[[], Awaitable[Any]]) -> Any:
+    async def retrying(self, call: Callable[[], Awaitable[Any]]) -> Any:
         """Runs ``call``, sending it again after a transient failure (every step statement
         is safe to repeat) for up to half the lease."""
         settings = self._host.settings

@@ -101,6 +101,7 @@ def enqueue_params(options: EnqueueOptions, *, wake_channel: str, conversation_l
         "max_queued_tenant": options.max_queued_tenant,
         "max_queued_conversation": options.max_queued_conversation,
         "reject_if_busy": options.on_busy == "reject",
+        "steerable": options.on_busy == "steer",
         "wake_channel": wake_channel,
         "conversation_lock": conversation_lock,
     }

@@ -237,6 +237,8 @@ class RunPage:
             items.append(("Parent run", link(f"{base}/runs/{info.parent_run_id}", str(info.parent_run_id))))
             if info.root_run_id not in (None, info.parent_run_id):
                 items.append(("Root run", link(f"{base}/runs/{info.root_run_id}", str(info.root_run_id))))
+        if info.absorbed_into is not None:  # a steering message: the run that read it
+            items.append(("Read by run", link(f"{base}/runs/{info.absorbed_into}", str(info.absorbed_into))))
         return Html(
             '<dl class="summary">' + "".join(f"<dt>{e(k)}</dt><dd>{e(v)}</dd>" for k, v in items) + "</dl>"
         )

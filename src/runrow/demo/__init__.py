@@ -6,7 +6,7 @@ app, ``DemoAgent`` the agent; ``runrow.demo.server.serve`` runs everything toget
 
 from __future__ import annotations
 
-from .agent import DemoAgent, answer_for, approval_answer_for
+from .agent import DemoAgent, answer_for, approval_answer_for, steered_note_for
 from .app import create_app, demo_user
 
-__all__ = ["DemoAgent", "answer_for", "approval_answer_for", "create_app", "demo_user"]
+__all__ = ["DemoAgent", "answer_for", "approval_answer_for", "create_app", "demo_user", "steered_note_for"]

@@ -17,6 +17,12 @@ deterministic (the call id comes from the run id), and the approved send runs on
 a durable ``run.step``. Nobody answering within ``RUNROW_DEMO_APPROVAL_TIMEOUT`` seconds
 (default 600; 0: no limit) ends the run ``expired``.
 
+**Steering.** A message sent with ``on_busy="steer"`` (the page's "steer" box) while a
+turn streams is read by that turn: the fake model calls ``run.steering()`` every
+:data:`STEER_EVERY` words and once before it writes its answer, and for each message it
+read says so in its answer (:func:`steered_note_for`), where it read it. The message's
+own turn ends ``absorbed``; a message the turn did not read runs as the next turn.
+
 **A real model.** With ``RUNROW_DEMO_OPENAI_BASE_URL`` set (any OpenAI-compatible server:
 OpenAI, vLLM, Ollama, LiteLLM, ...), the agent answers through
 :mod:`runrow.adapters.openai` instead: the conversation's transcript goes to
@@ -56,10 +62,13 @@ __all__ = [
     "approval_answer_for",
     "needs_approval",
     "send_arguments",
+    "steered_note_for",
     "tokens_for",
 ]
 
 DEFAULT_TOKEN_DELAY = 0.08
+STEER_EVERY = 6
+"""The fake model reads steering messages every this many words (and before it answers)."""
 DEFAULT_APPROVAL_TIMEOUT = 600.0
 SEND_TOOL = "send_message"
 """The tool that needs the user's approval."""
@@ -125,6 +134,14 @@ def tokens_for(content: object, approved: bool | None = None) -> list[str]:
     answer = answer_for(content) if approved is None else approval_answer_for(content, approved)
     words = answer.split(" ")
     return [w + " " for w in words[:-1]] + [words[-1]]
+
+
+def steered_note_for(content: object) -> str:
+    """What the fake model streams when it reads a steering message ``content``."""
+    said = " ".join(_text_of(content).split())
+    if len(said) > 60:
+        said = said[:57] + "..."
+    return f'[You added "{said}" while I was answering: noted.] '
 
 
 def needs_approval(content: object) -> bool:
@@ -217,11 +234,24 @@ class DemoAgent:
         else:
             await self._save_note(run)
         delay = self.token_delay
-        for token in tokens_for(run.content, approved):
+        answer: list[str] = []
+        for i, token in enumerate(tokens_for(run.content, approved)):
+            if i and i % STEER_EVERY == 0:
+                answer += await self._steered(run)  # a step boundary: the model reads what came in
             await run.text(token)
+            answer.append(token)
             await anyio.sleep(delay)  # the "model" thinking; a stop cancels it here
-        answer = answer_for(run.content) if approved is None else approval_answer_for(run.content, approved)
-        await run.write_message(answer)
+        answer += await self._steered(run, " ")  # (read before answering: after the last word)
+        await run.write_message("".join(answer).rstrip())
+
+    async def _steered(self, run: RunContext, lead: str = "") -> list[str]:
+        """Reads the steering messages that came in (a recorded delivery) and streams a note
+        for each (after ``lead``, if any); what it streamed, for the answer."""
+        notes = [steered_note_for(m.content) for m in await run.steering()]
+        said = [lead, *notes] if notes and lead else notes
+        for part in said:
+            await run.text(part)
+        return said
 
     async def _answer_with_openai(self, run: RunContext, base_url: str) -> None:
         """Answers through an OpenAI-compatible server, offering the ``save_note`` tool."""
@@ -247,6 +277,8 @@ class DemoAgent:
         api_key = os.environ.get("OPENAI_API_KEY") or "not-needed"
         async with AsyncOpenAI(base_url=base_url, api_key=api_key) as client:
             for _ in range(_OPENAI_MAX_TURNS):
+                # Steering messages sent since the last model call join the conversation here.
+                messages += [{"role": "user", "content": _text_of(m.content)} for m in await run.steering()]
                 stream = await client.chat.completions.create(
                     model=model, messages=messages, tools=tools, stream=True
                 )

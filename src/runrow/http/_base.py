@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from psycopg_pool import AsyncConnectionPool
     from starlette.requests import Request
 
+    from .._enqueue_options import OnBusy
+
 __all__ = [
     "MAX_IDEMPOTENCY_KEY",
     "MAX_INPUT_KEY",
@@ -145,9 +147,16 @@ class Endpoints:
         return data
 
     async def submit(
-        self, conn: AsyncConnection, user: str, cid: str, content: Any, key: str | None
+        self,
+        conn: AsyncConnection,
+        user: str,
+        cid: str,
+        content: Any,
+        key: str | None,
+        on_busy: OnBusy = "enqueue",
     ) -> runrow.Run:
-        """Enqueues a turn for ``user`` in ``cid``, in ``conn``'s open transaction.
+        """Enqueues a turn for ``user`` in ``cid``, in ``conn``'s open transaction
+        (``on_busy``: ``enqueue`` or ``steer``, see :func:`on_busy_of`).
 
         The conversation's advisory lock (the one enqueue takes again) comes first, so
         two first posts by different users cannot both find the conversation unowned.
@@ -168,6 +177,7 @@ class Endpoints:
                 user_id=user,
                 content=content,
                 idempotency_key=key,
+                on_busy=on_busy,
                 schema=self.schema,
                 max_content_bytes=self.max_content_bytes,
                 # Load shedding: a conversation may have this many turns waiting.
@@ -177,6 +187,22 @@ class Endpoints:
             raise ApiError(429, "overloaded", str(exc), {"Retry-After": str(exc.retry_after)}) from None
 
     # -- routes -------------------------------------------------------------------------
+
+
+STEER_POLICIES = ("enqueue", "steer")
+"""The double-texting policies a client may ask for (``on_busy`` in a post's body): queue
+the message as the next turn, or steer the running turn with it (docs/howto/steering.md).
+``reject`` and ``interrupt`` stay the host's to choose."""
+
+
+def on_busy_of(data: dict[str, Any]) -> OnBusy:
+    """The body's ``on_busy`` (default ``enqueue``); 422 for any other value."""
+    value = data.get("on_busy", "enqueue")
+    if value == "steer":
+        return "steer"
+    if value != "enqueue":
+        raise ApiError(422, "invalid_input", "on_busy must be 'enqueue' or 'steer'")
+    return "enqueue"
 
 
 def _is_json(content_type: str | None) -> bool:

@@ -22,12 +22,14 @@ from .. import _json
 from .._status import QUEUED, RUNNING, WAITING
 from ..protocols import Cursor
 from . import _streams
-from ._base import Endpoints, checked_conversation_id
+from ._base import STEER_POLICIES, Endpoints, checked_conversation_id, on_busy_of
 from ._errors import ApiError
 from ._openapi import Doc, documented, error
 
 if TYPE_CHECKING:
     from starlette.requests import Request
+
+    from .._enqueue_options import OnBusy
 
 __all__ = ["ChatEndpoints", "client_key"]
 
@@ -122,11 +124,13 @@ class ChatEndpoints:
         )
         return queued[-1] if queued else None  # newest first: the last is the next to run
 
-    async def _start(self, request: Request, fmt: str, cid: str, text: str, key: str | None) -> Response:
+    async def _start(
+        self, request: Request, fmt: str, cid: str, text: str, key: str | None, on_busy: OnBusy = "enqueue"
+    ) -> Response:
         api = self.api
         user = await api.user(request)
         async with api.pool.connection() as conn, conn.transaction():
-            run = await api.submit(conn, user, cid, text, key)
+            run = await api.submit(conn, user, cid, text, key, on_busy)
         info = await runrow.get_run(api.pool, run.id, schema=api.schema)
         response = await _streams.stream_run(
             api.pool,
@@ -157,6 +161,12 @@ class ChatEndpoints:
                     "id": {"type": "string"},
                     "messages": {"type": "array", "items": {"type": "object"}},
                     "trigger": {"enum": ["submit-message"]},
+                    "on_busy": {
+                        "enum": list(STEER_POLICIES),
+                        "description": "`steer`: deliver the message into the running turn (see "
+                        "POST /v1/conversations/{conversation_id}/messages); its stream then ends with "
+                        "a `data-runrow-absorbed` part naming the run that read it",
+                    },
                 },
             },
             responses={"200": _STREAM, **_COMMON},
@@ -176,7 +186,7 @@ class ChatEndpoints:
         mid, text = _last_user_message(data.get("messages"))
         # The message's id, per conversation: a transport's retry finds the same run.
         key = None if mid is None else client_key("ai-sdk", cid, None, mid)
-        return await self._start(request, "ai-sdk", cid, text, key)
+        return await self._start(request, "ai-sdk", cid, text, key, on_busy_of(data))
 
     @documented(
         Doc(

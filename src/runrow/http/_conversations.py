@@ -10,7 +10,7 @@ from starlette.responses import JSONResponse, Response
 import runrow
 
 from . import _turns
-from ._base import MAX_IDEMPOTENCY_KEY, NOT_YOURS, STOP, UNAUTHORIZED, Endpoints
+from ._base import MAX_IDEMPOTENCY_KEY, NOT_YOURS, STEER_POLICIES, STOP, UNAUTHORIZED, Endpoints, on_busy_of
 from ._errors import ApiError
 from ._openapi import Doc, documented, error, json_response
 
@@ -41,7 +41,16 @@ class ConversationRoutes:
             body={
                 "type": "object",
                 "required": ["content"],
-                "properties": {"content": {"type": "string", "minLength": 1}},
+                "properties": {
+                    "content": {"type": "string", "minLength": 1},
+                    "on_busy": {
+                        "enum": list(STEER_POLICIES),
+                        "description": "while a turn runs or is queued: `enqueue` (default) queues "
+                        "this one after it; `steer` delivers it into the running turn where its agent "
+                        "reads steering messages (the run is then `absorbed`; its terminal event names "
+                        "the run that read it), else it runs as the next turn",
+                    },
+                },
             },
             responses={
                 "202": json_response(
@@ -64,11 +73,12 @@ class ConversationRoutes:
         content = data.get("content")
         if not isinstance(content, str) or not content.strip():
             raise ApiError(422, "invalid_input", "content must be a non-empty string")
+        on_busy = on_busy_of(data)
         key = request.headers.get("idempotency-key")
         if key is not None and not 1 <= len(key) <= MAX_IDEMPOTENCY_KEY:
             raise ApiError(400, "bad_idempotency_key", "Idempotency-Key must be 1-200 characters")
         async with self.api.pool.connection() as conn, conn.transaction():
-            run = await self.api.submit(conn, user, cid, content, key)
+            run = await self.api.submit(conn, user, cid, content, key, on_busy)
         return _turns.accepted(run, self.api.base(request))
 
     @documented(

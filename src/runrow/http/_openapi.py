@@ -193,6 +193,11 @@ SCHEMAS: dict[str, Any] = {
                 },
             },
             "retry_of": {"type": ["string", "null"], "format": "uuid"},
+            "absorbed_into": {
+                "type": ["string", "null"],
+                "format": "uuid",
+                "description": "an `absorbed` run (a steering message): the run whose turn read it",
+            },
             "user_message_id": {"type": "string", "format": "uuid"},
             "created_at": {"type": "string", "format": "date-time"},
             "started_at": {"type": ["string", "null"], "format": "date-time"},

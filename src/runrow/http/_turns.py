@@ -54,7 +54,7 @@ def jsonable(value: Any) -> Any:
 
 _RUN_FIELDS = (
     *("id", "conversation_id", "status", "cancel_requested", "error", "retry_of", "user_message_id"),
-    *("created_at", "started_at", "finished_at", "worker_id", "version"),
+    *("created_at", "started_at", "finished_at", "worker_id", "version", "absorbed_into"),
 )
 
 

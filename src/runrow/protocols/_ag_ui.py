@@ -16,9 +16,12 @@ The mapping:
 * ``input_requested`` / ``input_provided``: ``CUSTOM`` named ``runrow.input_requested`` /
   ``runrow.input_provided`` with the journal payload as ``value``. AG-UI's interrupts end
   the run and resume it as a new one; a runrow run stays the same run while it waits;
+* ``steering_delivered``: ``CUSTOM`` named ``runrow.steering_delivered`` (the payload as
+  ``value``): a steering message the run read, where it read it;
 * other events: nothing;
-* ``complete``: ``RUN_FINISHED`` when completed, else ``RUN_ERROR`` (``code``: the status,
-  ``message``: the error, or the status and reason).
+* ``complete``: ``RUN_FINISHED`` when completed; for an ``absorbed`` run (its message read
+  by another run) ``CUSTOM`` ``runrow.absorbed`` (``{"into"}``), then ``RUN_FINISHED``;
+  else ``RUN_ERROR`` (``code``: the status, ``message``: the error, or the status and reason).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from .._events import (
     CONTENT_DELTA,
     INPUT_PROVIDED,
     INPUT_REQUESTED,
+    STEERING_DELIVERED,
     TERMINAL_EVENT,
     TOOL_CALL_FINISHED,
     TOOL_CALL_STARTED,
@@ -71,10 +75,14 @@ class AgUiEncoder:
             out += self._tool_started(payload)
         elif event.type == TOOL_CALL_FINISHED:
             out += self._tool_finished(payload, event.seq)
-        elif event.type in (INPUT_REQUESTED, INPUT_PROVIDED):
+        elif event.type in (INPUT_REQUESTED, INPUT_PROVIDED, STEERING_DELIVERED):
             out.append({"type": "CUSTOM", "name": f"runrow.{event.type}", "value": payload})
         elif event.type == TERMINAL_EVENT:
-            if payload.get("status") == "completed":
+            if payload.get("status") == "absorbed":  # (read into another run: no failure)
+                out.append(
+                    {"type": "CUSTOM", "name": "runrow.absorbed", "value": {"into": payload.get("into")}}
+                )
+            if payload.get("status") in ("completed", "absorbed"):
                 out.append({"type": "RUN_FINISHED", **self._run})
             else:
                 code = str(payload.get("status", "failed"))

@@ -17,9 +17,13 @@ One run is one assistant message, id ``run-<run_id>``. The mapping:
   same part replaced with ``status: "provided"`` and the ``value``; a request still
   waiting when the run ends is replaced with ``status: "expired"`` (the run expired) or
   ``"closed"`` (it ended otherwise);
+* ``steering_delivered``: a ``data-runrow-steering`` part (id ``steering-<message_id>``),
+  ``{"message_id", "run_id", "content"}``: a steering message the run read, where it read it;
 * other events (``user_message_created``, ``run_queued``, agent-defined ones): no frames;
 * ``complete``: ``finish-step``; then ``error`` (failed, expired; ``errorText``: the run's
-  recorded error, ``"type: message"``) or ``abort`` (cancelled);
+  recorded error, ``"type: message"``) or ``abort`` (cancelled); an ``absorbed`` run (its
+  message read by another run, ``into``) sends a ``data-runrow-absorbed`` part
+  ``{"into"}`` and no error;
   then ``finish`` and ``[DONE]``. ``useChat`` treats ``error`` as a failed request (status
   ``error``), keeping the parts it already has; ``readUIMessageStream`` carries on.
 """
@@ -32,6 +36,7 @@ from .._events import (
     CONTENT_DELTA,
     INPUT_PROVIDED,
     INPUT_REQUESTED,
+    STEERING_DELIVERED,
     TERMINAL_EVENT,
     TOOL_CALL_FINISHED,
     TOOL_CALL_STARTED,
@@ -84,6 +89,11 @@ class AiSdkEncoder:
             chunks += self._tool_finished(payload)
         elif event.type in (INPUT_REQUESTED, INPUT_PROVIDED):
             chunks.append(self._input(event.type, payload))
+        elif event.type == STEERING_DELIVERED:
+            data = {k: payload.get(k) for k in ("message_id", "run_id", "content")}
+            chunks.append(
+                {"type": "data-runrow-steering", "id": f"steering-{data['message_id']}", "data": data}
+            )
         elif event.type == TERMINAL_EVENT:
             chunks += self._unanswered(payload)
             return [json_frame(c) for c in chunks + _ending(payload)] + [DONE]
@@ -165,6 +175,8 @@ def _ending(payload: dict[str, Any]) -> list[dict[str, Any]]:
     chunks: list[dict[str, Any]] = [{"type": "finish-step"}]
     if status == "cancelled":
         chunks.append({"type": "abort", "reason": str(payload.get("reason") or "cancelled")})
+    elif status == "absorbed":  # (its message went into another run's turn: no failure)
+        chunks.append({"type": "data-runrow-absorbed", "data": {"into": payload.get("into")}})
     elif status != "completed":
         chunks.append({"type": "error", "errorText": error_text(payload)})
     chunks.append({"type": "finish"})

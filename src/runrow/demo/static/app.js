@@ -4,12 +4,15 @@
 // the stream right after that seq: no gap, no duplicate.
 // A run that asks for approval journals input_requested and waits (status "waiting");
 // the page shows an approval card, rebuilt from the journal on a reload.
+// With "steer" ticked, a message sent while a turn runs is read by that turn (its answer
+// says so, where it read it) and its own card ends "absorbed".
 "use strict";
 
-const TERMINAL = new Set(["completed", "failed", "cancelled", "expired"]);
+const TERMINAL = new Set(["completed", "failed", "cancelled", "expired", "absorbed"]);
 const ACTIVE = new Set(["running", "queued", "waiting"]);  // what Stop can stop
 const EVENT_TYPES = ["user_message_created", "run_queued", "content_delta", "tool_call_started",
-  "tool_call_finished", "input_requested", "input_provided", "message_done", "complete", "message"];
+  "tool_call_finished", "input_requested", "input_provided", "message_done", "complete", "message",
+  "steering_delivered"];
 const $ = (sel) => document.querySelector(sel);
 const streams = new Map();  // run_id -> EventSource
 const streamedHere = new Set();  // runs whose answer this page showed as it streamed
@@ -121,6 +124,12 @@ function markReturned(el) {
   u.textContent = "(message returned to the composer)";
   u.classList.add("draft");
   el.classList.add("returned");
+}
+
+// A steering message a running turn read: its card says which run read it.
+function markAbsorbed(el, into) {
+  el.classList.add("absorbed");
+  el.querySelector(".meta").textContent = `run ${el.dataset.runId}, read by the running turn (run ${into})`;
 }
 
 function setStatus(runId, status) {
@@ -314,6 +323,7 @@ async function load() {
     renderTools(run.id);
     renderApprovals(run.id);
     showRunError(run.id, run.error);
+    if (run.status === "absorbed") markAbsorbed(el, run.absorbed_into);
     const answerEl = el.querySelector(".answer");
     if (streamedHere.has(run.id)) {
       // keep the streamed text: it is what this page received, event by event
@@ -379,6 +389,7 @@ function follow(runId) {
         }
         renderTools(runId, st.tools);
         setStatus(runId, data.status);
+        if (data.status === "absorbed") markAbsorbed(el, data.into);
         el.querySelector(".answer").classList.toggle("partial", data.status !== "completed" && st.text !== "");
         showRunError(runId, data.error);
         break;
@@ -415,7 +426,7 @@ async function send() {
   try {
     // A retried send with the same key would return the same run instead of a second one.
     const accepted = await api("POST", `/v1/conversations/${encodeURIComponent(conversation())}/messages`,
-      { content }, { "Idempotency-Key": crypto.randomUUID ? crypto.randomUUID() : randomId() + randomId() });
+      { content, on_busy: $("#steer").checked ? "steer" : "enqueue" }, { "Idempotency-Key": crypto.randomUUID ? crypto.randomUUID() : randomId() + randomId() });
     box.value = "";
     const el = turnEl(accepted.run_id);
     el.querySelector(".user").textContent = content;
