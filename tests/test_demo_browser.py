@@ -560,3 +560,73 @@ async def test_the_page_fits_a_phone_screen(watch: Watch, dsn: str, schema: str)
         await _wait_for_pending_card(page)
         await page.screenshot(path=str(ARTIFACTS / "phone-390.png"), full_page=True)
         assert await page.evaluate(scroll_width) <= width
+
+
+# -- a research turn: sub-agents in one stream ------------------------------------------
+
+
+async def _children(page: Any) -> list[dict[str, str]]:
+    return await page.evaluate(  # type: ignore[no-any-return]
+        """() => [...document.querySelectorAll('.turn .child')].map(c => ({
+            run_id: c.dataset.runId, status: c.dataset.status,
+            text: c.querySelector('.child-text').textContent }))"""
+    )
+
+
+async def test_a_research_turn_streams_its_sub_agents_through_a_reload_and_a_killed_worker(
+    page: Any, dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """Plain `runrow demo`: "research tides" fans out to three researchers, each streaming
+    into a panel of its own from the turn's one tree stream. A reload mid-research resumes
+    the tree where the page left it; then kill -9 the worker while they stream: the turn,
+    parked on its researchers (holding no worker), is woken by the reaper's endings of the
+    lost ones and answers on the new worker, saying which were lost. No event is missed or
+    shown twice."""
+    t = _WORKER_TIMING
+    demo = DemoProcess(dsn, schema, tmp_path / "demo.log")
+    try:
+        await demo.wait_for(r"open http://", timeout=60)
+        [started] = await demo.wait_for(r"worker pid (\d+) started")
+        worker = int(started.group(1))
+        await page.goto(f"{demo.url}/?user=dana&conversation=research-1")
+        await page.fill("#composer", "research tides")
+        await page.click("#send")
+        await _wait_for(
+            page,
+            """() => { const c = [...document.querySelectorAll('.turn .child .child-text')];
+                       return c.length === 3 && c.every(x => x.textContent.split(' ').length >= 3); }""",
+        )
+        before = await _children(page)
+        assert all(c["status"] == "running" for c in before), before
+        await page.screenshot(path=str(ARTIFACTS / "research-1-streaming.png"))
+
+        await page.reload()
+        await _wait_for(page, "() => Object.keys(window.__demo.resumed).length > 0")
+        [turn] = await _turns(page)
+        resumed = await page.evaluate("() => window.__demo.resumed")
+        assert resumed.get(turn["run_id"], 0) > 6, f"the page did not resume the tree: {resumed}"
+        assert len(await _children(page)) == 3  # the panels came back from the tab's storage
+
+        os.kill(worker, signal.SIGKILL)
+        await demo.wait_for(rf"worker pid {worker} killed by SIGKILL", timeout=5)
+        await _wait_for(
+            page,
+            "() => document.querySelector('.turn .status').textContent === 'completed'",
+            timeout=t["lease"] + t["grace"] + t["poll"] + 30,
+        )
+        await page.screenshot(path=str(ARTIFACTS / "research-2-answered.png"))
+        [after] = await _turns(page)
+        children = await _children(page)
+        stats = await page.evaluate("() => window.__demo")
+        assert stats["duplicates"] == 0 and stats["gaps"] == 0, stats
+        lost = [c for c in children if c["status"] == "failed"]
+        assert lost, children  # the kill landed while they streamed
+        assert after["answer"].count("was lost") == len(lost), after["answer"]
+        assert all(c["status"] in ("completed", "failed") for c in children), children
+    finally:
+        demo.stop()
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await conn.execute(
+                sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(f"{schema}_demo"))
+            )
+    (ARTIFACTS / "research-demo.log").write_text(demo.output())

@@ -747,3 +747,32 @@ async def test_a_steering_message_is_read_by_the_streaming_turn(dsn: str, schema
             "reason": "steered",
             "into": first,
         }
+
+
+async def test_a_research_turn_fans_out_to_three_sub_agents_in_one_stream(dsn: str, schema: str) -> None:
+    """ "research <topic>" spawns three researchers and answers from their notes; the
+    turn's tree streams as one (each sub-agent's events tagged with its run), and the
+    stream cut in the middle resumes from its last id with nothing lost or repeated."""
+    from runrow.demo.research import ANGLES, notes_for
+
+    async with serve_demo(dsn, schema, token_delay=0.02) as base, httpx.AsyncClient(base_url=base) as client:
+        run_id = (await _post(client, "conv-r", "research tides"))["run_id"]
+        url = f"/v1/runs/{run_id}/events?tree=true"
+        got = await read_sse(client, url, ALICE, stop_after=9)
+        rest = await read_sse(client, url, {**ALICE, "Last-Event-ID": got[-1].id or ""})
+        stream = got + rest
+        assert [int(e.id or 0) for e in stream] == list(range(1, len(stream) + 1))
+        children = {e.data["run_id"] for e in stream} - {run_id}
+        assert len(children) == 3
+        for child in children:
+            text = "".join(
+                e.data["delta"] for e in stream if e.data["run_id"] == child and e.event == "content_delta"
+            )
+            assert text.strip() in {notes_for("tides", a) for a in ANGLES}
+        assert stream[-1].event == "complete" and stream[-1].data["run_id"] == run_id
+        assert stream[-1].data["status"] == "completed"
+        body = (await client.get("/v1/conversations/conv-r", headers=ALICE)).json()
+        answer = body["turns"][0]["answer"]["content"]
+        assert all(notes_for("tides", a) in answer for a in ANGLES), answer
+        # The sub-agents are no turns of the conversation: they run in their own.
+        assert len(body["turns"]) == 1

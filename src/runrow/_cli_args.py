@@ -115,6 +115,19 @@ def build_parser() -> argparse.ArgumentParser:
         ("--retry-backoff-seconds", float, 1.0, "wait before the first automatic retry; doubled after"),
     ):
         w.add_argument(flag, type=kind, default=default, help=f"{text} (default: %(default)s)")
+    w.add_argument(
+        "--agent",
+        dest="keyed_agents",
+        action="append",
+        metavar="KEY=module:callable",
+        help="also serve runs of agent key KEY (enqueue(agent_key=...), RunContext.spawn) with this "
+        "agent; repeat for more keys",
+    )
+    w.add_argument(
+        "--max-running-per-tree",
+        type=int,
+        help="at most this many of a tree's spawned runs running at once (default: no cap)",
+    )
     w.add_argument("--worker-id", help="this worker's name in the runs it claims (default: host:pid:random)")
     w.add_argument(
         "--version",

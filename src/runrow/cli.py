@@ -73,6 +73,14 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     from ._retry import RetryPolicy
 
     agent = load_agent(args.agent)
+    agents: dict[str, Any] = {}
+    for spec in args.keyed_agents or ():
+        key, sep, target = spec.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"runrow: --agent must look like KEY=module:callable, got {spec!r}")
+        if key in agents:
+            raise SystemExit(f"runrow: --agent {key!r} is given twice")
+        agents[key] = load_agent(target)
     url = _database_url(args)
     if args.listen_database_url:
         check_url(args.listen_database_url, "--listen-database-url")
@@ -88,6 +96,8 @@ async def cmd_worker(args: argparse.Namespace) -> int:
         dispatcher = Dispatcher(
             url,
             agent,
+            agents=agents or None,
+            max_running_per_tree=args.max_running_per_tree,
             schema=args.schema,
             concurrency=args.concurrency,
             lease=args.lease_seconds,

@@ -23,6 +23,8 @@ turn streams is read by that turn: the fake model calls ``run.steering()`` every
 read says so in its answer (:func:`steered_note_for`), where it read it. The message's
 own turn ends ``absorbed``; a message the turn did not read runs as the next turn.
 
+**Research.** "research tides" fans out to three sub-agents: :mod:`runrow.demo.research`.
+
 **A real model.** With ``RUNROW_DEMO_OPENAI_BASE_URL`` set (any OpenAI-compatible server:
 OpenAI, vLLM, Ollama, LiteLLM, ...), the agent answers through
 :mod:`runrow.adapters.openai` instead: the conversation's transcript goes to
@@ -47,7 +49,7 @@ from typing import TYPE_CHECKING, Any, cast
 import anyio
 from psycopg import AsyncConnection
 
-from . import store
+from . import research, store
 
 if TYPE_CHECKING:
     from openai.types.chat import ChatCompletionFunctionToolParam
@@ -61,6 +63,7 @@ __all__ = [
     "answer_for",
     "approval_answer_for",
     "needs_approval",
+    "researcher",
     "send_arguments",
     "steered_note_for",
     "tokens_for",
@@ -228,6 +231,10 @@ class DemoAgent:
         if base_url:
             await self._answer_with_openai(run, base_url)
             return
+        topic = research.research_topic(run.content)
+        if topic is not None:  # "research <topic>": three sub-agents (see runrow.demo.research)
+            await research.research(run, topic, self.token_delay)
+            return
         approved: bool | None = None
         if needs_approval(run.content):
             approved = await self._send_with_approval(run)
@@ -381,6 +388,12 @@ class DemoAgent:
             )
         return {"sent": True, "to": args["to"], "note_id": note_id, "notes_in_conversation": count}
 
+    async def researcher(self, run: RunContext) -> None:
+        """The research turn's sub-agent (agent key ``researcher``; see :mod:`.research`)."""
+        await research.researcher(run, self.token_delay)
+
 
 agent = DemoAgent()
 """The agent as ``runrow worker runrow.demo.agent:agent`` loads it (configured by env)."""
+researcher = agent.researcher
+"""Its sub-agent, as ``runrow worker ... --agent researcher=runrow.demo.agent:researcher``."""

@@ -38,6 +38,7 @@ from runrow.http import ApiError, create_api
 
 from . import queue, store
 from .agent import DemoAgent
+from .research import RESEARCHER
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Mapping
@@ -147,8 +148,16 @@ def create_app(
             worker_agent = agent or DemoAgent(database_url, demo_schema=demo_schema)
             dispatchers = []
             for _ in range(in_process_workers):
+                # The research turn's sub-agents, when the agent is the demo's own.
+                keyed = {RESEARCHER: worker_agent.researcher} if isinstance(worker_agent, DemoAgent) else None
                 d = runrow.Dispatcher(
-                    database_url, worker_agent, schema=schema, hub=hub, observers=observers, **options
+                    database_url,
+                    worker_agent,
+                    agents=keyed,
+                    schema=schema,
+                    hub=hub,
+                    observers=observers,
+                    **options,
                 )
                 dispatchers.append(await stack.enter_async_context(d))
             app.state.dispatchers = dispatchers

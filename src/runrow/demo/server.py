@@ -70,6 +70,7 @@ def _start_worker(url: str, schema: str) -> subprocess.Popen[bytes]:
     t = _WORKER_TIMING
     args = [
         sys.executable, "-m", "runrow.cli", "worker", "runrow.demo.agent:agent",
+        "--agent", "researcher=runrow.demo.agent:researcher",  # the research turn's sub-agents
         "--schema", schema, "--concurrency", str(_WORKER_CONCURRENCY), "--drain-seconds", "5",
         "--lease-seconds", str(t["lease"]), "--heartbeat-seconds", str(t["heartbeat"]),
         "--grace-seconds", str(t["grace"]), "--poll-seconds", str(t["poll"]),

@@ -12,7 +12,7 @@ const TERMINAL = new Set(["completed", "failed", "cancelled", "expired", "absorb
 const ACTIVE = new Set(["running", "queued", "waiting"]);  // what Stop can stop
 const EVENT_TYPES = ["user_message_created", "run_queued", "content_delta", "tool_call_started",
   "tool_call_finished", "input_requested", "input_provided", "message_done", "complete", "message",
-  "steering_delivered"];
+  "steering_delivered", "children_awaited"];
 const $ = (sel) => document.querySelector(sel);
 const streams = new Map();  // run_id -> EventSource
 const streamedHere = new Set();  // runs whose answer this page showed as it streamed
@@ -98,6 +98,7 @@ function saved(runId) {
   try { s = JSON.parse(sessionStorage.getItem(key(runId))); } catch { s = null; }
   s = s || { seq: 0, text: "", tools: [] };
   s.approvals = s.approvals || [];
+  s.children = s.children || {};  // sub-agents (a research turn): run_id -> {n, text, status}
   return s;
 }
 function save(runId, s) { sessionStorage.setItem(key(runId), JSON.stringify(s)); }
@@ -110,7 +111,7 @@ function turnEl(runId) {
   el.className = "turn";
   el.dataset.runId = runId;
   el.innerHTML = `<div class="head"><div class="user"></div><span class="status"></span></div>
-    <div class="tools"></div><div class="approvals"></div><div class="answer"></div><div class="error" hidden></div><div class="meta"></div>`;
+    <div class="tools"></div><div class="approvals"></div><div class="children"></div><div class="answer"></div><div class="error" hidden></div><div class="meta"></div>`;
   el.querySelector(".meta").textContent = "run " + runId;
   $("#turns").appendChild(el);
   $("#empty").hidden = true;
@@ -124,6 +125,29 @@ function markReturned(el) {
   u.textContent = "(message returned to the composer)";
   u.classList.add("draft");
   el.classList.add("returned");
+}
+
+// A research turn's sub-agents: one panel each, from the tree's stream (events of runs
+// other than the turn's own carry their run_id). Kept in sessionStorage with the turn.
+function renderChildren(runId, children) {
+  const box = turnEl(runId).querySelector(".children");
+  const panels = Object.entries(children).sort((a, b) => a[1].n - b[1].n).map(([id, c]) => {
+    const p = document.createElement("div");
+    p.className = "child";
+    p.dataset.runId = id;
+    p.dataset.status = c.status;
+    p.innerHTML = `<div class="child-head"><span class="child-name"></span> <span class="status"></span></div><div class="child-text"></div>`;
+    p.querySelector(".child-name").textContent = `sub-agent ${c.n}`;
+    p.querySelector(".status").textContent = c.status;
+    p.querySelector(".child-text").textContent = c.text;
+    return p;
+  });
+  box.replaceChildren(...panels);
+}
+function childEvent(st, data) {
+  const c = st.children[data.run_id] || (st.children[data.run_id] = { n: Object.keys(st.children).length + 1, text: "", status: "queued" });
+  if (data.type === "content_delta" && !data.stream) { c.text += data.delta; c.status = "running"; }
+  else if (data.type === "complete") c.status = data.status;
 }
 
 // A steering message a running turn read: its card says which run read it.
@@ -322,6 +346,7 @@ async function load() {
     setStatus(run.id, run.status);
     renderTools(run.id);
     renderApprovals(run.id);
+    renderChildren(run.id, s.children);
     showRunError(run.id, run.error);
     if (run.status === "absorbed") markAbsorbed(el, run.absorbed_into);
     const answerEl = el.querySelector(".answer");
@@ -345,7 +370,9 @@ async function load() {
 function follow(runId) {
   const s = saved(runId);
   if (s.seq > 0) window.__demo.resumed[runId] = s.seq;
-  const url = `/v1/runs/${runId}/events?from=${s.seq}&access_token=${encodeURIComponent("demo-" + user())}`;
+  // The turn's whole tree (tree=true): a research turn's sub-agents stream in the same
+  // stream, and its ids are the tree's positions (a turn without children: its own).
+  const url = `/v1/runs/${runId}/events?tree=true&from=${s.seq}&access_token=${encodeURIComponent("demo-" + user())}`;
   const es = new EventSource(url);
   streams.set(runId, es);
   const onEvent = (msg) => {
@@ -356,6 +383,12 @@ function follow(runId) {
     st.seq = seq;
     const data = JSON.parse(msg.data);
     const el = turnEl(runId);
+    if (data.run_id && data.run_id !== runId) {  // a sub-agent's event
+      childEvent(st, data);
+      renderChildren(runId, st.children);
+      save(runId, st);
+      return;
+    }
     switch (data.type) {
       case "content_delta":
         if (!data.stream) { st.text += data.delta; el.querySelector(".answer").textContent = st.text; }
@@ -372,6 +405,9 @@ function follow(runId) {
         refreshNotes();
         break;
       }
+      case "children_awaited":
+        setStatus(runId, "waiting");  // parked on its sub-agents: no worker held
+        break;
       case "input_requested":
         approvalRequested(st.approvals, data);
         approvalsOf.set(runId, st.approvals);
