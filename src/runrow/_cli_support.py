@@ -24,7 +24,7 @@ from ._json import parse_run_id
 
 if TYPE_CHECKING:
     import argparse
-    from collections.abc import AsyncIterator, Callable, Sequence
+    from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 
 __all__ = [
     "CHILDREN_SHOWN",
@@ -39,6 +39,7 @@ __all__ = [
     "describe_connect_error",
     "jsonable",
     "load_agent",
+    "load_keyed_agents",
     "out",
     "run_id_arg",
     "run_text",
@@ -154,6 +155,19 @@ def load_agent(spec: str) -> Callable[..., Any]:
     if not callable(obj):
         raise SystemExit(f"runrow: {spec} is not callable")
     return obj  # type: ignore[no-any-return]
+
+
+def load_keyed_agents(specs: Iterable[str]) -> dict[str, Callable[..., Any]]:
+    """``KEY=module:callable`` specs (``runrow worker --agent``) -> agents by key."""
+    agents: dict[str, Callable[..., Any]] = {}
+    for spec in specs:
+        key, sep, target = spec.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"runrow: --agent must look like KEY=module:callable, got {spec!r}")
+        if key in agents:
+            raise SystemExit(f"runrow: --agent {key!r} is given twice")
+        agents[key] = load_agent(target)
+    return agents
 
 
 def silence_stdout() -> None:

@@ -30,6 +30,7 @@ from ._cli_support import (
     configure_logging,
     describe_connect_error,
     load_agent,
+    load_keyed_agents,
     run_id_arg,
     run_text,
     silence_stdout,
@@ -73,14 +74,7 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     from ._retry import RetryPolicy
 
     agent = load_agent(args.agent)
-    agents: dict[str, Any] = {}
-    for spec in args.keyed_agents or ():
-        key, sep, target = spec.partition("=")
-        if not sep or not key.strip():
-            raise SystemExit(f"runrow: --agent must look like KEY=module:callable, got {spec!r}")
-        if key in agents:
-            raise SystemExit(f"runrow: --agent {key!r} is given twice")
-        agents[key] = load_agent(target)
+    agents = load_keyed_agents(args.keyed_agents or ())
     url = _database_url(args)
     if args.listen_database_url:
         check_url(args.listen_database_url, "--listen-database-url")
