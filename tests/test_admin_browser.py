@@ -41,6 +41,11 @@ async def streaming_agent(run: runrow.RunContext) -> None:
     """Streams WORDS words slowly (or fails at once on "fail"), then answers."""
     if run.content == "fail":
         raise RuntimeError("the tool broke")
+    if run.content == "tree":  # two sub-agents (agent key "words"), waited for
+        kids = await run.spawn_many([("words", "a"), ("words", "b")])
+        await run.wait_for_children(kids)
+        await run.write_message("tree done")
+        return
     if run.content == "ask":  # a few words, then it waits for an answer
         await run.text("may I? ")
         await run.flush()
@@ -102,7 +107,13 @@ async def serve_host(dsn: str, schema: str) -> AsyncIterator[str]:
             await stack.enter_async_context(hub)
             await stack.enter_async_context(
                 runrow.Dispatcher(
-                    dsn, streaming_agent, schema=schema, hub=hub, worker_id="w-browser", concurrency=4
+                    dsn,
+                    streaming_agent,
+                    agents={"words": streaming_agent},
+                    schema=schema,
+                    hub=hub,
+                    worker_id="w-browser",
+                    concurrency=4,
                 )
             )
             yield
@@ -363,3 +374,31 @@ async def test_cancel_and_retry_follow_the_status_without_a_reload(
         assert await page.get_by_role("link", name="Cancel this run…").count() == 0
         assert await page.evaluate("() => window.__notReloaded === true")
         await page.screenshot(path=str(artifacts / "follow-1-retry.png"), full_page=True)
+
+
+async def test_a_roots_page_shows_its_trees_merged_journal(
+    page: Any, dsn: str, schema: str, artifacts: Path
+) -> None:
+    """#41 point 7: a root's page has its Children and the tree's merged journal (every
+    run's events, each with its run, gap-free positions, the root's ending last), live."""
+    async with serve_host(dsn, schema) as base:
+        root = await _enqueue(dsn, schema, "tree", conversation_id="conv-tree")
+        await page.goto(f"{base}/admin/runs/{root.id}")
+        if not await page.evaluate("() => !!document.querySelector('#tree-journal')"):
+            await page.wait_for_function("() => window.__runrowAdmin.done")  # (the children came later)
+            await page.reload()
+        await page.wait_for_function("() => window.__runrowAdminTree && window.__runrowAdminTree.done")
+        rows = await page.evaluate(
+            """() => [...document.querySelectorAll('#tree-journal li')].map(li => ({
+                   pos: li.value, run: li.dataset.run, type: li.dataset.type,
+                   label: li.querySelector('.run').textContent }))"""
+        )
+        await page.screenshot(path=str(artifacts / "tree-journal.png"), full_page=True)
+        runs = {r["run"] for r in rows}
+        assert len(runs) == 3 and str(root.id) in runs, rows
+        assert rows[-1]["run"] == str(root.id) and rows[-1]["type"] == "complete", rows[-1]
+        assert [r["label"] == "root" for r in rows] == [r["run"] == str(root.id) for r in rows]
+        positions = [r["pos"] for r in rows]
+        assert positions == sorted(positions) and len(set(positions)) == len(positions), positions
+        assert await page.evaluate("() => document.querySelectorAll('#children tbody tr').length") == 2
+        await page.goto("about:blank")  # (before the server goes: the page may still redraw)

@@ -62,6 +62,7 @@ class RunPage:
             hub=self.state.hub,
             keepalive=self.state.keepalive,
             schema=self.state.schema,
+            tree=_streams.tree_flag(request.query_params.get("tree"), info),
         )
 
     async def page(self, request: Request) -> Response:
@@ -89,6 +90,17 @@ class RunPage:
                 "<noscript><p>The journal needs JavaScript.</p></noscript></section>"
             )
         )
+        if children and info.root_run_id is None:
+            # A root with children: its tree's merged journal too (tail(tree=True)), every
+            # event with the run it came from, the root's ending last.
+            tree_url = f"{base}/runs/{info.id}/events?tree=true"
+            parts.append(
+                Html(
+                    '<section aria-labelledby="tree-journal-h"><h2 id="tree-journal-h">Tree journal</h2>'
+                    f'<ol id="tree-journal" class="journal tree" data-events="{e(tree_url)}" '
+                    f'data-root="{e(str(info.id))}"></ol></section>'
+                )
+            )
         if info.error is not None:
             error = dict(info.error)
             traceback = error.pop("traceback", None)

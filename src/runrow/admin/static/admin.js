@@ -10,7 +10,6 @@
   const live = document.getElementById("live-status");
   const state = { events: 0, lastSeq: 0, done: false };
   window.__runrowAdmin = state;
-  let lastDelta = null;
   // Events written when a run is queued (by the enqueue, or a retry's): the rest come
   // from a worker that holds the run.
   const QUEUE_EVENTS = new Set(["user_message_created", "run_queued"]);
@@ -41,7 +40,7 @@
   }
   function swapParts(html) {
     const fresh = new DOMParser().parseFromString(html, "text/html");
-    for (const id of ["actions", "timeline", "lineage", "waiting"]) {
+    for (const id of ["actions", "timeline", "lineage", "waiting", "children"]) {
       const now = document.getElementById(id), then = fresh.getElementById(id);
       if (now && then) now.replaceWith(document.importNode(then, true));
     }
@@ -95,92 +94,118 @@
     const rest = Object.assign({}, ev);
     delete rest.type;
     delete rest.seq;
+    delete rest.run_id;
+    delete rest.run_seq;
     const text = JSON.stringify(rest);
     return text === "{}" ? "" : text;
   }
 
-  function show(id, data) {
-    let ev;
-    try { ev = JSON.parse(data); } catch (e) { return; }
-    const seq = Number(id) || 0;
-    if (seq <= state.lastSeq) return; // already shown (a reconnect's overlap)
-    state.events += 1;
-    state.lastSeq = seq;
-    if (ev.type === "content_delta" && lastDelta) {
-      lastDelta.querySelector(".text").textContent += summary(ev);
-    } else {
-      const li = document.createElement("li");
-      li.value = seq;
-      li.dataset.type = ev.type;
-      const type = document.createElement("span");
-      type.className = "type";
-      type.textContent = ev.type;
-      const text = document.createElement("span");
-      text.className = "text";
-      text.textContent = summary(ev);
-      li.append(type, " ", text);
-      list.append(li);
-      lastDelta = ev.type === "content_delta" ? li : null;
+  // One journal list: the run's own (its events drive the badge), or a root's tree
+  // (every run's events, each with its run; it ends with the root's ending).
+  function journal(ol, st, tree) {
+    let lastDelta = null;
+    function show(id, data) {
+      let ev;
+      try { ev = JSON.parse(data); } catch (e) { return; }
+      const seq = Number(id) || 0;
+      if (seq <= st.lastSeq) return; // already shown (a reconnect's overlap)
+      st.events += 1;
+      st.lastSeq = seq;
+      if (ev.type === "content_delta" && lastDelta && lastDelta.dataset.run === String(ev.run_id || "")) {
+        lastDelta.querySelector(".text").textContent += summary(ev);
+      } else {
+        const li = document.createElement("li");
+        li.value = seq;
+        li.dataset.type = ev.type;
+        li.dataset.run = String(ev.run_id || "");
+        const type = document.createElement("span");
+        type.className = "type";
+        type.textContent = ev.type;
+        const text = document.createElement("span");
+        text.className = "text";
+        text.textContent = summary(ev);
+        if (tree) {
+          const run = document.createElement("a");
+          run.className = "run";
+          run.href = (ol.dataset.events.split("/runs/")[0]) + "/runs/" + ev.run_id;
+          run.textContent = ev.run_id === ol.dataset.root ? "root" : String(ev.run_id).slice(0, 8);
+          li.append(run, " ");
+        }
+        li.append(type, " ", text);
+        ol.append(li);
+        lastDelta = ev.type === "content_delta" ? li : null;
+      }
+      ol.scrollTop = ol.scrollHeight;
+      if (tree) {
+        if (ev.type === "complete" && ev.run_id === ol.dataset.root) st.done = true;
+        return;
+      }
+      if (ev.type === "complete") {
+        st.done = true;
+        live.textContent = "ended: " + (ev.status || "");
+        setStatus(ev.status);
+      } else if (ev.type === "input_requested") {
+        setStatus("waiting");
+        live.textContent = "live";
+      } else if (ev.type === "input_provided") {
+        setStatus("queued"); // answered: queued again until a worker claims it
+        live.textContent = "live";
+      } else {
+        if (badge && badge.textContent === "queued" && !QUEUE_EVENTS.has(ev.type)) setStatus("running");
+        live.textContent = "live";
+      }
     }
-    list.scrollTop = list.scrollHeight;
-    if (ev.type === "complete") {
-      state.done = true;
-      live.textContent = "ended: " + (ev.status || "");
-      setStatus(ev.status);
-    } else if (ev.type === "input_requested") {
-      setStatus("waiting");
-      live.textContent = "live";
-    } else if (ev.type === "input_provided") {
-      setStatus("queued"); // answered: queued again until a worker claims it
-      live.textContent = "live";
-    } else {
-      if (badge && badge.textContent === "queued" && !QUEUE_EVENTS.has(ev.type)) setStatus("running");
-      live.textContent = "live";
-    }
-  }
 
-  async function readOnce() {
-    const headers = { Accept: "text/event-stream" };
-    if (state.lastSeq) headers["Last-Event-ID"] = String(state.lastSeq);
-    const resp = await fetch(list.dataset.events, { headers: headers, credentials: "same-origin" });
-    if (resp.status === 204) { state.done = true; live.textContent = "ended"; return; }
-    if (!resp.ok) throw new Error("HTTP " + resp.status);
-    const reader = resp.body.getReader();
-    const decoder = new TextDecoder();
-    let buffer = "", id = null, data = [];
-    for (;;) {
-      const chunk = await reader.read();
-      if (chunk.done) return;
-      buffer += decoder.decode(chunk.value, { stream: true });
-      let nl;
-      while ((nl = buffer.indexOf("\n")) >= 0) {
-        const line = buffer.slice(0, nl).replace(/\r$/, "");
-        buffer = buffer.slice(nl + 1);
-        if (line === "") {
-          if (data.length) show(id, data.join("\n"));
-          id = null; data = [];
-          if (state.done) { reader.cancel(); return; }
-        } else if (line.startsWith("id:")) {
-          id = line.slice(3).trim();
-        } else if (line.startsWith("data:")) {
-          data.push(line.slice(5).replace(/^ /, ""));
+    async function readOnce() {
+      const headers = { Accept: "text/event-stream" };
+      if (st.lastSeq) headers["Last-Event-ID"] = String(st.lastSeq);
+      const resp = await fetch(ol.dataset.events, { headers: headers, credentials: "same-origin" });
+      if (resp.status === 204) { st.done = true; if (!tree) live.textContent = "ended"; return; }
+      if (!resp.ok) throw new Error("HTTP " + resp.status);
+      const reader = resp.body.getReader();
+      const decoder = new TextDecoder();
+      let buffer = "", id = null, data = [];
+      for (;;) {
+        const chunk = await reader.read();
+        if (chunk.done) return;
+        buffer += decoder.decode(chunk.value, { stream: true });
+        let nl;
+        while ((nl = buffer.indexOf("\n")) >= 0) {
+          const line = buffer.slice(0, nl).replace(/\r$/, "");
+          buffer = buffer.slice(nl + 1);
+          if (line === "") {
+            if (data.length) show(id, data.join("\n"));
+            id = null; data = [];
+            if (st.done) { reader.cancel(); return; }
+          } else if (line.startsWith("id:")) {
+            id = line.slice(3).trim();
+          } else if (line.startsWith("data:")) {
+            data.push(line.slice(5).replace(/^ /, ""));
+          }
         }
       }
     }
-  }
 
-  async function follow() {
-    let delay = 500;
-    while (!state.done) {
-      try {
-        await readOnce();
-        delay = 500;
-      } catch (e) {
-        live.textContent = "reconnecting";
-        delay = Math.min(delay * 2, 10000);
+    async function follow() {
+      let delay = 500;
+      while (!st.done) {
+        try {
+          await readOnce();
+          delay = 500;
+        } catch (e) {
+          if (!tree) live.textContent = "reconnecting";
+          delay = Math.min(delay * 2, 10000);
+        }
+        if (!st.done) await new Promise(function (r) { setTimeout(r, delay); });
       }
-      if (!state.done) await new Promise(function (r) { setTimeout(r, delay); });
     }
+    follow();
   }
-  follow();
+  journal(list, state, false);
+  const treeList = document.getElementById("tree-journal");
+  if (treeList) {
+    const treeState = { events: 0, lastSeq: 0, done: false };
+    window.__runrowAdminTree = treeState;
+    journal(treeList, treeState, true);
+  }
 })();
