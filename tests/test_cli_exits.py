@@ -113,9 +113,30 @@ async def test_exit_0_1_2_and_3(dsn: str, schema: str, tmp_path: Path) -> None:
         ("worker", "no_such_module_here:agent", "--database-url", url),  # an agent that cannot load
         ("worker", "tests.agents", "--database-url", url),  # not module:callable
         ("worker", "tests.agents:nothing_here", "--database-url", url),
-        ("worker", "tests.agents:record_agent", "--agent", "tests.agents:record_agent", "--database-url", url),  # no KEY=
-        ("worker", "tests.agents:record_agent", "--agent", "k=tests.agents:nothing_here", "--database-url", url),
-        ("worker", "tests.agents:record_agent", "--agent", "k=tests.agents:record_agent", "--agent", "k=tests.agents:record_agent"),
+        (
+            "worker",
+            "tests.agents:record_agent",
+            "--agent",
+            "tests.agents:record_agent",
+            "--database-url",
+            url,
+        ),  # no KEY=
+        (
+            "worker",
+            "tests.agents:record_agent",
+            "--agent",
+            "k=tests.agents:nothing_here",
+            "--database-url",
+            url,
+        ),
+        (
+            "worker",
+            "tests.agents:record_agent",
+            "--agent",
+            "k=tests.agents:record_agent",
+            "--agent",
+            "k=tests.agents:record_agent",
+        ),
     ):
         out = await anyio.to_thread.run_sync(lambda a=args: run(*a))
         assert out.returncode == 2, out
