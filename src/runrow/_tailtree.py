@@ -64,14 +64,9 @@ async def tail_tree(
     async with AsyncExitStack() as stack:
         conn_box: list[AsyncConnection] = []
         stack.push_async_callback(_close_all, conn_box)
-        found = await _with_conn(db, conn_box, prepared_statements, _gw.tree_root(schema, run_id=rid))
-        if found is None:
-            raise RunNotFound(rid)
-        root, its_root = found
-        if its_root is not None:
-            raise InvalidInput(
-                "run_id", f"run {rid} is a child: tail its tree's root, {its_root}, with tree=True"
-            )
+        root = _root(
+            rid, await _with_conn(db, conn_box, prepared_statements, _gw.tree_root(schema, run_id=rid))
+        )
         subs: dict[uuid.UUID, Subscription] = {}
         scopes: dict[uuid.UUID, AsyncExitStack] = {}
 
@@ -118,13 +113,7 @@ async def tail_tree(
                 await anyio.sleep(backoff)
                 continue
             backoff = poll
-            if step.runs == 0:
-                raise RunNotFound(root)
-            if cursor > step.total:
-                raise InvalidInput(
-                    "from_seq",
-                    f"{cursor} is past the end of tree {root}'s stream (its last position is {step.total})",
-                )
+            _check_pass(step, cursor, root)
             # Listen for every live run's journal, then read once more before waiting:
             # what a new run wrote before its LISTEN landed is read, not waited for.
             fresh = [r for r in step.live if r not in subs]
@@ -136,10 +125,8 @@ async def tail_tree(
             if step.events and heard >= 0 and not fresh:
                 trusted = hints != heard
             heard = hints
-            for event in step.events:
+            for event in _marked(step):
                 cursor = event.seq
-                if step.ended and cursor == step.total:
-                    event = dataclasses.replace(event, final=True)
                 yield event
             if step.ended and cursor >= step.total:
                 return
@@ -194,14 +181,7 @@ def tail_tree_sync(
                 return run_sync(conn, plan)
 
     try:
-        found = conn_for(_gw.tree_root(schema, run_id=rid))
-        if found is None:
-            raise RunNotFound(rid)
-        root, its_root = found
-        if its_root is not None:
-            raise InvalidInput(
-                "run_id", f"run {rid} is a child: tail its tree's root, {its_root}, with tree=True"
-            )
+        root = _root(rid, conn_for(_gw.tree_root(schema, run_id=rid)))
         cursor, backoff, idle_since = from_seq, poll, time.monotonic()
         while True:
             try:
@@ -219,17 +199,9 @@ def tail_tree_sync(
                 time.sleep(backoff)
                 continue
             backoff = poll
-            if step.runs == 0:
-                raise RunNotFound(root)
-            if cursor > step.total:
-                raise InvalidInput(
-                    "from_seq",
-                    f"{cursor} is past the end of tree {root}'s stream (its last position is {step.total})",
-                )
-            for event in step.events:
+            _check_pass(step, cursor, root)
+            for event in _marked(step):
                 cursor = event.seq
-                if step.ended and cursor == step.total:
-                    event = dataclasses.replace(event, final=True)
                 yield event
             if step.ended and cursor >= step.total:
                 return
@@ -245,6 +217,36 @@ def tail_tree_sync(
     finally:
         if own is not None:
             own.close()
+
+
+def _root(rid: uuid.UUID, found: tuple[uuid.UUID, uuid.UUID | None] | None) -> uuid.UUID:
+    """The tree's root a tail of ``rid`` reads (a root's retry: its root), or the refusal."""
+    if found is None:
+        raise RunNotFound(rid)
+    root, its_root = found
+    if its_root is not None:
+        raise InvalidInput(
+            "run_id", f"run {rid} is a child: tail its tree's root, {its_root}, with tree=True"
+        )
+    return root
+
+
+def _check_pass(step: _gw.TreePass, cursor: int, root: uuid.UUID) -> None:
+    """A pass found the tree, and the cursor is within its stream (else the refusal)."""
+    if step.runs == 0:
+        raise RunNotFound(root)
+    if cursor > step.total:
+        raise InvalidInput(
+            "from_seq",
+            f"{cursor} is past the end of tree {root}'s stream (its last position is {step.total})",
+        )
+
+
+def _marked(step: _gw.TreePass) -> list[Event]:
+    """The pass's events, the stream's last one marked ``final`` once the tree has ended."""
+    if not step.ended or not step.events or step.events[-1].seq != step.total:
+        return step.events
+    return [*step.events[:-1], dataclasses.replace(step.events[-1], final=True)]
 
 
 async def _with_conn(
