@@ -101,6 +101,12 @@ WITH old AS (
                       WHERE (r.id = old.lineage_id OR r.lineage_id = old.lineage_id)
                         AND (r.finished_at IS NULL OR NOT r.journal_trimmed)
                         AND r.id NOT IN (SELECT id FROM old))
+), tree_gone AS (
+    -- A trimmed root's tree stream (migration 0016) goes with its journal: a tree tail
+    -- that comes later finds the runs' journals gone and ends at once.
+    DELETE FROM {schema}.tree_log l USING old WHERE l.root_run_id = old.id
+), tree_members_gone AS (
+    DELETE FROM {schema}.tree_member m USING old WHERE m.root_run_id = old.id
 ), marked AS (
     UPDATE {schema}.agent_run a SET journal_trimmed = true, request = NULL
     FROM old WHERE a.id = old.id

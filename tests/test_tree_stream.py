@@ -261,3 +261,25 @@ async def test_the_sync_tail_reads_the_same_tree(
     assert [(e.seq, e.run_id, e.run_seq) for e in await _read(dsn, schema, turn.id)] == [
         (e.seq, e.run_id, e.run_seq) for e in own
     ]
+
+
+async def test_trim_takes_a_trees_stream_with_its_journal(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    from datetime import timedelta
+
+    orchestrator, agents = _agents()
+    async with runrow.Dispatcher(dsn, orchestrator, agents=agents, schema=schema, concurrency=4, **FAST):
+        turn = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="space")
+        assert len(await _read(dsn, schema, turn.id)) > 10
+
+    async def rows() -> int:
+        cur = await conn.execute(
+            f'SELECT (SELECT count(*) FROM "{schema}".tree_log) + (SELECT count(*) FROM "{schema}".tree_member)'
+        )
+        return int((await cur.fetchone() or [0])[0])
+
+    assert await rows() > 0
+    await runrow.trim(dsn, retention=timedelta(0), schema=schema)
+    assert await rows() == 0
+    assert await _read(dsn, schema, turn.id) == []  # every run's journal is gone: it ends at once
