@@ -121,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         metavar="KEY=module:callable",
         help="also serve runs of agent key KEY (enqueue(agent_key=...), RunContext.spawn) with this "
-        "agent; repeat for more keys",
+        "agent; repeat for more keys (default: none)",
     )
     w.add_argument(
         "--max-running-per-tree",
