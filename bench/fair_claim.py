@@ -80,6 +80,7 @@ async def _latency(conn: psycopg.AsyncConnection, query: bytes) -> list[float]:
         "same_version": False,
         "agent_keys": [],
         "serves_default": True,
+        "tree_cap": None,
     }
     for _ in range(SAMPLES):
         async with conn.transaction(force_rollback=True):
@@ -112,6 +113,7 @@ async def _drain(dsn: str, schema: str, query: bytes, total: int) -> float:
                         "same_version": False,
                         "agent_keys": [],
                         "serves_default": True,
+                        "tree_cap": None,
                     },
                 )
                 rows = await cur.fetchall()

@@ -56,6 +56,7 @@ PARAMS = {
     "same_version": False,
     "agent_keys": [],
     "serves_default": True,
+    "tree_cap": None,
 }
 
 

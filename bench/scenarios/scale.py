@@ -77,6 +77,7 @@ class _Probe:
                 "same_version": False,
                 "agent_keys": [],
                 "serves_default": True,
+                "tree_cap": None,
             },
         )
         rows = await cur.fetchall()
@@ -112,6 +113,7 @@ class _Probe:
                     "same_version": False,
                     "agent_keys": [],
                     "serves_default": True,
+                    "tree_cap": None,
                 },
             )
             out["claim"] = "\n".join(r[0] for r in await cur.fetchall())

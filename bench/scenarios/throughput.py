@@ -234,6 +234,7 @@ def bare_claim_params(claim: Any, limit: int) -> tuple[Any, ...]:
             "same_version": False,
             "agent_keys": [],
             "serves_default": True,
+            "tree_cap": None,
         }
     )
 
