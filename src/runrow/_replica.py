@@ -62,22 +62,39 @@ Result = tuple["list[Event]", "_gw.RunEnd | None"]
 
 class _LsnSource:
     """The primary's WAL end, asked once for all the tails that wake together: a tail
-    woken at ``t`` takes the answer of a statement sent at or after ``t``."""
+    woken at ``t`` takes the answer of a statement sent at or after ``t``, the one in
+    flight if it was sent since, else the next one, which every tail that comes while
+    one is in flight shares (at most two statements per burst of wakes)."""
 
     def __init__(self, primary: Database, schema: str) -> None:
         self._primary = primary
         self._schema = schema
         self._conn: AsyncConnection | None = None
-        self._pending: asyncio.Future[str] | None = None
+        self._inflight: asyncio.Future[str] | None = None
+        self._next: asyncio.Future[str] | None = None
+        self._task: asyncio.Task[None] | None = None
         self._sent = -1.0
 
     async def after(self, t: float) -> str:
-        pending = self._pending
-        if pending is None or self._sent < t:
-            pending = self._pending = asyncio.get_running_loop().create_future()
-            self._sent = _aio.now()
-            asyncio.get_running_loop().create_task(self._ask(pending))
-        return await asyncio.shield(pending)
+        if self._inflight is not None and self._sent >= t:
+            return await asyncio.shield(self._inflight)
+        if self._next is None:
+            loop = asyncio.get_running_loop()
+            self._next = loop.create_future()
+            if self._task is None:
+                self._task = loop.create_task(self._drain())
+        return await asyncio.shield(self._next)
+
+    async def _drain(self) -> None:
+        try:
+            while self._next is not None:
+                future, self._next = self._next, None
+                self._inflight, self._sent = future, _aio.now()
+                await self._ask(future)
+                self._inflight = None
+        finally:
+            self._task = None
+            self._inflight = None
 
     async def _ask(self, future: asyncio.Future[str]) -> None:
         try:
@@ -98,9 +115,6 @@ class _LsnSource:
             future.exception()  # (retrieved: its waiters raise it, if any is left)
         else:
             future.set_result(lsn)
-        finally:
-            if self._pending is future:
-                self._pending = None
 
     async def close(self) -> None:
         conn, self._conn = self._conn, None
