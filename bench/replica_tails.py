@@ -54,6 +54,26 @@ def cpu_of(pids: set[int]) -> float:
     return total / TICK
 
 
+def per_pid(pids: set[int]) -> dict[int, float]:
+    return {pid: cpu_of({pid}) for pid in pids}
+
+
+def kinds(w_rows: list[tuple[int, str, str]], writer: int) -> dict[int, str]:
+    """What each server process is: the writer, the hub (its backend LISTENs), the
+    walsender, the other client backends (the tails' pool), or a background process."""
+    out = {}
+    for pid, btype, query in w_rows:
+        if pid == writer:
+            out[pid] = "writer"
+        elif btype == "walsender":
+            out[pid] = "walsender"
+        elif btype == "client backend":
+            out[pid] = "hub" if query.upper().startswith(("LISTEN", "UNLISTEN")) else "tails' pool"
+        else:
+            out[pid] = "background"
+    return out
+
+
 def server_pids(postmaster: int) -> set[int]:
     pids = {postmaster}
     for d in Path("/proc").iterdir():
@@ -102,6 +122,7 @@ async def measure(
             while sum(got.values()) < 2 * n:  # each run's two submission events
                 await asyncio.sleep(0.05)
             pids = server_pids(postmaster)
+            start = per_pid(pids)
             before, wbefore, t0 = cpu_of(pids - {writer_pid}), cpu_of({writer_pid}), time.monotonic()
             for i in range(rounds):
                 batch = [
@@ -116,9 +137,17 @@ async def measure(
             elapsed = time.monotonic() - t0
             pids |= server_pids(postmaster)
             cpu, wcpu = cpu_of(pids - {writer_pid}) - before, cpu_of({writer_pid}) - wbefore
+            rows = await (
+                await w.execute("SELECT pid, backend_type, coalesce(query, '') FROM pg_stat_activity")
+            ).fetchall()
+            kind = kinds(rows, writer_pid)
+            split: dict[str, float] = {}
+            for pid, c in per_pid(pids).items():
+                k = kind.get(pid, "postmaster/gone")
+                split[k] = split.get(k, 0.0) + c - start.get(pid, 0.0)
         assert all(v == 2 + rounds + 1 for v in got.values()), "a tail missed or repeated events"
         await w.execute(f"DROP SCHEMA {schema} CASCADE")
-    return {"cpu": cpu, "writer_cpu": wcpu, "elapsed": elapsed}
+    return {"cpu": cpu, "writer_cpu": wcpu, "elapsed": elapsed, "split": split}
 
 
 async def main() -> None:
@@ -146,7 +175,8 @@ async def main() -> None:
                 )
                 res[where].append(r["cpu"])
                 print(
-                    f"{where:8} tails={a.tails} primary CPU {r['cpu']:.2f} s (writer {r['writer_cpu']:.2f} s) in {r['elapsed']:.1f} s",
+                    f"{where:8} tails={a.tails} primary CPU {r['cpu']:.2f} s (writer {r['writer_cpu']:.2f} s) in {r['elapsed']:.1f} s; by process: "
+                    + ", ".join(f"{k} {v:.2f}" for k, v in sorted(r["split"].items())),
                     flush=True,
                 )
         mp, mr = min(res["primary"]), min(res["replica"])
