@@ -67,7 +67,10 @@ class _LsnSource:
     one is in flight shares (at most two statements per burst of wakes)."""
 
     def __init__(self, primary: Database, schema: str) -> None:
-        self._primary = primary
+        # Weak for a pool or connection: this source is the value of a WeakKeyDictionary
+        # keyed by it (see _lsn_source).
+        self._dsn = primary if isinstance(primary, str) else None
+        self._ref = None if isinstance(primary, str) else weakref.ref(primary)
         self._schema = schema
         self._conn: AsyncConnection | None = None
         self._inflight: asyncio.Future[str] | None = None
@@ -99,13 +102,16 @@ class _LsnSource:
     async def _ask(self, future: asyncio.Future[str]) -> None:
         try:
             STATS["lsn_reads"] += 1
-            if isinstance(self._primary, str):
+            if self._dsn is not None:
                 if self._conn is None or self._conn.closed:
-                    self._conn = await AsyncConnection.connect(self._primary, autocommit=True)
+                    self._conn = await AsyncConnection.connect(self._dsn, autocommit=True)
                     await configure_own(self._conn)
                 lsn = await run(self._conn, _gw.primary_wal_lsn(self._schema))
             else:
-                async with statement_conn(self._primary) as conn:
+                primary = self._ref() if self._ref is not None else None
+                if primary is None:
+                    raise psycopg.OperationalError("the primary's pool is gone")
+                async with statement_conn(primary) as conn:
                     lsn = await run(conn, _gw.primary_wal_lsn(self._schema))
         except Exception as exc:
             if self._conn is not None:
@@ -151,6 +157,7 @@ class ReplicaReader:
     ) -> None:
         self._read_plan = read_plan  # (the tail's single read: _tail imports this module)
         self._lsn = _lsn_source(primary, schema)
+        self._owns_lsn = isinstance(primary, str)
         self._replica = replica
         self._schema = schema
         self._budget = budget
@@ -240,5 +247,5 @@ class ReplicaReader:
         if conn is not None:
             with anyio.CancelScope(shield=True):
                 await conn.close()
-        if isinstance(self._lsn._primary, str):
+        if self._owns_lsn:
             await self._lsn.close()

@@ -140,9 +140,10 @@ async def tail(
                         db, conn_box, own, schema, rid, cursor, batch, prepared_statements
                     )
                 else:
-                    # A first read, or one a notification asked for, must see what the
-                    # primary had then; any other may be late (see _replica).
-                    synced = not caught_up or (hints != heard and not more)
+                    # A first read, or one after a notification (a continuation's too:
+                    # the hint is consumed by this read), must see what the primary had
+                    # then; any other may be late (see _replica).
+                    synced = not caught_up or hints != heard
                     rows, state = await replica.read(
                         rid,
                         cursor,
