@@ -132,10 +132,8 @@ async def tail_tree(
                 return
             if step.events:
                 idle_since = _aio.now()
-                if len(step.events) == batch or fresh:
-                    continue
-            elif fresh:
-                continue
+            if fresh or len(step.events) == batch:
+                continue  # a new run to read once more, or the rest of a full batch
             now = _aio.now()
             if now - idle_since >= keepalive:
                 yield Event(cursor, KEEPALIVE)
