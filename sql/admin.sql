@@ -54,6 +54,7 @@ ORDER BY attempt, created_at
 -- name: admin_terminal_event
 -- The run's terminal event (run_event_one_terminal): its uncertain tool calls, if reaped.
 SELECT payload FROM {schema}.run_event WHERE run_id = %(run_id)s AND type = 'complete'
+  AND {schema}.run_ms(run_id) = {schema}.run_ms(%(run_id)s)
 
 -- name: admin_steps
 -- The turn's durable steps in call order (run_step_position_idx).
@@ -115,7 +116,8 @@ SELECT to_timestamp(floor(extract(epoch FROM finished_at) / %(bucket_seconds)s) 
        count(*) FILTER (WHERE status <> 'completed') AS ended_otherwise,
        count(*) FILTER (WHERE r.error ->> 'type' IN ('worker_lost', 'deadline_exceeded')
                           AND EXISTS (SELECT 1 FROM {schema}.run_event e
-                                      WHERE e.run_id = r.id AND e.type = 'complete'
+                                      WHERE e.run_id = r.id AND {schema}.run_ms(e.run_id) = {schema}.run_ms(r.id)
+                                        AND e.type = 'complete'
                                         AND e.payload ? 'uncertain_tool_calls')) AS reaped
 FROM {schema}.agent_run r
 WHERE finished_at > now() - make_interval(secs => %(window_seconds)s)

@@ -162,7 +162,7 @@ SELECT woke.id, CASE WHEN woke.resumed THEN pg_notify(%(wake_channel)s, '') END 
 -- event (see finalize). The status recorded; no row if it had not landed.
 SELECT a.status
 FROM {schema}.agent_run a
-JOIN {schema}.run_event e ON e.run_id = a.id AND e.seq = %(seq)s
+JOIN {schema}.run_event e ON e.run_id = a.id AND e.seq = %(seq)s AND {schema}.run_ms(e.run_id) = {schema}.run_ms(%(run_id)s)
 WHERE a.id = %(run_id)s AND a.claim_token = %(claim_token)s
   AND ((a.status = %(status)s AND e.type = %(type)s
         AND e.payload - 'expires_at' = %(payload)s::jsonb - 'expires_at')
@@ -259,7 +259,8 @@ WITH locked AS (
 ), ev AS (
     INSERT INTO {schema}.run_event (run_id, seq, type, payload)
     SELECT fin.id,
-           (SELECT coalesce(max(e.seq), 0) + 1 FROM {schema}.run_event e WHERE e.run_id = fin.id),
+           (SELECT coalesce(max(e.seq), 0) + 1 FROM {schema}.run_event e
+            WHERE e.run_id = fin.id AND {schema}.run_ms(e.run_id) = {schema}.run_ms(fin.id)),
            'complete',
            jsonb_build_object(
                'status', fin.status,
@@ -273,11 +274,13 @@ WITH locked AS (
                    -- (A waiting run parked on purpose: its worker was not lost in the
                    -- middle of a call, so none is uncertain: a call announced before the
                    -- wait, awaiting approval, never ran.)
-                   WHERE s.run_id = fin.id AND s.type = 'tool_call_started' AND NOT fin.parked
+                   WHERE s.run_id = fin.id AND {schema}.run_ms(s.run_id) = {schema}.run_ms(fin.id)
+                     AND s.type = 'tool_call_started' AND NOT fin.parked
                      AND s.payload ? 'tool_call_id'
                      AND NOT EXISTS (
                          SELECT 1 FROM {schema}.run_event f
-                         WHERE f.run_id = fin.id AND f.type = 'tool_call_finished'
+                         WHERE f.run_id = fin.id AND {schema}.run_ms(f.run_id) = {schema}.run_ms(fin.id)
+                           AND f.type = 'tool_call_finished'
                            AND f.payload -> 'tool_call_id' = s.payload -> 'tool_call_id')))
     FROM fin
 ), {retried}

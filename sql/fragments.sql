@@ -203,5 +203,6 @@ RETURNING a.id, a.claim_token, a.conversation_id, a.user_id, a.tenant_id, a.requ
     a.user_message_id, a.cancel_requested, a.created_at, a.started_at, a.deadline_at, a.priority,
     a.lineage_id, a.attempt, a.resumes,
     (SELECT m.content FROM {schema}.message m WHERE m.id = a.user_message_id) AS content,
-    (SELECT coalesce(max(e.seq), 0) FROM {schema}.run_event e WHERE e.run_id = a.id) AS last_seq,
+    (SELECT coalesce(max(e.seq), 0) FROM {schema}.run_event e
+     WHERE e.run_id = a.id AND {schema}.run_ms(e.run_id) = {schema}.run_ms(a.id)) AS last_seq,
     a.agent_key, a.parent_run_id, a.root_run_id

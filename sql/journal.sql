@@ -26,7 +26,7 @@ FROM (SELECT DISTINCT run_id FROM ins) landed
 
 -- name: read_events
 SELECT seq, type, payload FROM {schema}.run_event
-WHERE run_id = %(run_id)s AND seq > %(after)s
+WHERE run_id = %(run_id)s AND seq > %(after)s AND {schema}.run_ms(run_id) = {schema}.run_ms(%(run_id)s)
 ORDER BY seq
 LIMIT %(limit)s
 
@@ -46,7 +46,7 @@ WITH q AS (
     SELECT q.i, e.seq, e.type, e.payload
     FROM q CROSS JOIN LATERAL (
         SELECT seq, type, payload FROM {schema}.run_event
-        WHERE run_id = q.run_id AND seq > q.after
+        WHERE run_id = q.run_id AND seq > q.after AND {schema}.run_ms(run_id) = {schema}.run_ms(q.run_id)
         ORDER BY seq
         LIMIT q.lim
     ) e
@@ -57,8 +57,9 @@ FROM ev
 UNION ALL
 SELECT q.i, NULL, NULL, NULL, a.status, a.error,
        EXISTS (SELECT 1 FROM {schema}.run_event
-               WHERE run_id = q.run_id AND type = 'complete'),
-       (SELECT max(seq) FROM {schema}.run_event WHERE run_id = q.run_id)
+               WHERE run_id = q.run_id AND type = 'complete' AND {schema}.run_ms(run_id) = {schema}.run_ms(q.run_id)),
+       (SELECT max(seq) FROM {schema}.run_event
+        WHERE run_id = q.run_id AND {schema}.run_ms(run_id) = {schema}.run_ms(q.run_id))
 FROM q
 -- (LIMIT 1 keeps the lookup a lateral probe of the primary key, one per request that
 -- found nothing, whatever the planner believes of agent_run's size: never a hash join
@@ -73,13 +74,19 @@ ORDER BY 1, 2
 -- its last seq (NULL once trimmed): a tail's cursor past it is refused.
 SELECT status, error,
        EXISTS (SELECT 1 FROM {schema}.run_event
-               WHERE run_id = %(run_id)s AND type = 'complete') AS journaled_end,
-       (SELECT max(seq) FROM {schema}.run_event WHERE run_id = %(run_id)s) AS last_seq
+               WHERE run_id = %(run_id)s AND type = 'complete'
+                 AND {schema}.run_ms(run_id) = {schema}.run_ms(%(run_id)s)) AS journaled_end,
+       (SELECT max(seq) FROM {schema}.run_event
+        WHERE run_id = %(run_id)s AND {schema}.run_ms(run_id) = {schema}.run_ms(%(run_id)s)) AS last_seq
 FROM {schema}.agent_run WHERE id = %(run_id)s
 
 -- name: trim
--- Deletes the journal of runs finished longer ago than the retention window and nulls
--- their request snapshot (it may hold personal data). The transcript stays.
+-- Marks the journal of runs finished longer ago than the retention window trimmed and
+-- nulls their request snapshot (it may hold personal data). The transcript stays. Since
+-- migration 20 their events go with their partition, dropped whole once every run made
+-- in it is trimmed (see sql/partitions.sql): deleting them here would leave dead tuples
+-- on a live partition for no gain. Only the legacy partition's events (runs made before
+-- migration 20, key 0) are deleted row by row, as before.
 WITH old AS (
     SELECT id, coalesce(lineage_id, id) AS lineage_id FROM {schema}.agent_run
     WHERE finished_at IS NOT NULL AND NOT journal_trimmed
@@ -89,7 +96,9 @@ WITH old AS (
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ), gone AS (
-    DELETE FROM {schema}.run_event e USING old WHERE e.run_id = old.id RETURNING 1
+    DELETE FROM {schema}.run_event e USING old
+    WHERE e.run_id = old.id AND {schema}.run_ms(e.run_id) = 0 AND {schema}.run_ms(old.id) = 0
+    RETURNING 1
 ), steps AS (
     -- A lineage's step records go with the last of its runs to be trimmed: while any
     -- other run of it is unfinished (a queued retry replays them) or untrimmed (it may
@@ -118,6 +127,7 @@ SELECT (SELECT count(*) FROM marked) AS runs, (SELECT count(*) FROM gone) AS eve
 -- After a flush failed without an answer (connection lost): did its rows land, and does
 -- this worker still hold the claim? Decides between "done", "retry" and "stand down".
 SELECT (SELECT count(*) FROM {schema}.run_event
-        WHERE run_id = %(run_id)s AND seq = ANY(%(seqs)s::integer[])) AS landed,
+        WHERE run_id = %(run_id)s AND seq = ANY(%(seqs)s::integer[])
+          AND {schema}.run_ms(run_id) = {schema}.run_ms(%(run_id)s)) AS landed,
        EXISTS (SELECT 1 FROM {schema}.agent_run
                WHERE id = %(run_id)s AND claim_token = %(claim_token)s AND status = 'running') AS owned

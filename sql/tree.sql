@@ -84,7 +84,8 @@ WITH runs AS (
            r.id = (SELECT id FROM last_root) AS root_last
     FROM runs r
     LEFT JOIN {schema}.tree_member m ON m.root_run_id = %(root)s AND m.run_id = r.id
-    CROSS JOIN LATERAL (SELECT max(e.seq) AS top FROM {schema}.run_event e WHERE e.run_id = r.id) j
+    CROSS JOIN LATERAL (SELECT max(e.seq) AS top FROM {schema}.run_event e
+                        WHERE e.run_id = r.id AND {schema}.run_ms(e.run_id) = {schema}.run_ms(r.id)) j
     WHERE m.done IS NOT TRUE
 ), others_live AS (
     SELECT EXISTS (SELECT 1 FROM runs r
@@ -126,7 +127,7 @@ FROM (SELECT l.end_ord, l.run_id, l.first_seq, l.last_seq FROM {schema}.tree_log
       ORDER BY l.end_ord LIMIT %(limit)s) b
 CROSS JOIN LATERAL (
     SELECT s.seq, s.type, s.payload FROM {schema}.run_event s
-    WHERE s.run_id = b.run_id AND s.seq <= b.last_seq
+    WHERE s.run_id = b.run_id AND {schema}.run_ms(s.run_id) = {schema}.run_ms(b.run_id) AND s.seq <= b.last_seq
       AND s.seq >= greatest(b.first_seq, b.last_seq - (b.end_ord - %(after)s) + 1)
     ORDER BY s.seq LIMIT %(limit)s
 ) e

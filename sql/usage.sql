@@ -25,7 +25,7 @@ SELECT coalesce(sum((payload->>'input_tokens')::bigint), 0)::bigint,
        coalesce(sum((payload->>'cost')::numeric), 0)::float8,
        count(*)
 FROM {schema}.run_event
-WHERE run_id = %(run_id)s AND type = 'usage'
+WHERE run_id = %(run_id)s AND type = 'usage' AND {schema}.run_ms(run_id) = {schema}.run_ms(%(run_id)s)
 
 -- name: set_usage_budget
 -- Upsert; tenant_key '' is the default tenant.

@@ -7,6 +7,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+import runrow
+
 
 def table(schema: str, name: str) -> sql.Composed:
     return sql.SQL("{}.{}").format(sql.Identifier(schema), sql.Identifier(name))
@@ -115,3 +117,24 @@ async def enqueue_turn(dsn: str, schema: str, conversation: str, **kw: Any) -> A
     return await runrow.enqueue(
         dsn, schema=schema, conversation_id=conversation, user_id="u", content=conversation, **kw
     )
+
+
+async def hourly_partitions(conn: psycopg.AsyncConnection, schema: str, *, premake: int = 2) -> None:
+    """Cuts a fresh schema's journal by the hour instead of the day, before any run is
+    made: drops its (empty) time partitions and makes hourly ones from the current hour,
+    so that a test travelling a day or two ahead knows which partitions expire."""
+    for row in await runrow.journal_partitions(conn, schema=schema):
+        if row.starts is not None:
+            await conn.execute(
+                sql.SQL("ALTER TABLE {} DETACH PARTITION {}").format(
+                    table(schema, "run_event"), table(schema, row.name)
+                )
+            )
+            await conn.execute(sql.SQL("DROP TABLE {}").format(table(schema, row.name)))
+    await conn.execute(
+        sql.SQL("UPDATE {} SET partition_seconds = 3600, premake = %s").format(
+            table(schema, "journal_settings")
+        ),
+        (premake,),
+    )
+    assert await runrow.ensure_journal_partitions(conn, schema=schema) == premake + 1

@@ -19,7 +19,7 @@ import runrow
 from runrow._names import Channels
 
 from . import manual
-from .helpers import assert_journal_sound, events, is_terminal, run_row, table, wait_for
+from .helpers import assert_journal_sound, events, hourly_partitions, is_terminal, run_row, table, wait_for
 
 pytestmark = pytest.mark.anyio
 FAST = {"poll": 0.5, "heartbeat": 0.2, "lease": 2.0, "grace": 1.0, "reap_interval": 0.2}
@@ -229,9 +229,13 @@ async def test_tail_rejects_bad_cursors_and_unknown_runs(dsn: str, schema: str) 
             pass
 
 
-async def test_trim_drops_old_journals_and_snapshots_but_keeps_the_transcript(
+async def test_trim_marks_old_runs_then_drops_their_partition_whole_and_keeps_the_transcript(
     dsn: str, schema: str, conn: psycopg.AsyncConnection
 ) -> None:
+    """Retention by partition (#44): a trimmed run's snapshot goes at once; its events go
+    with its partition, dropped whole once every run made in it is trimmed. Nothing is
+    deleted row by row from a live partition."""
+    await hourly_partitions(conn, schema)
     old = await runrow.enqueue(
         dsn, schema=schema, conversation_id="a", user_id="u", content="old", request={"pii": 1}
     )
@@ -242,18 +246,36 @@ async def test_trim_drops_old_journals_and_snapshots_but_keeps_the_transcript(
     token = {r["id"]: r["claim_token"] for r in rows}
     assert await manual.finalize(conn, schema, old.id, token[old.id], "completed", 3)
     now = await manual.db_now(conn)
-    assert await runrow.trim(dsn, schema=schema, now=now) == runrow.TrimResult(0, 0)  # too recent
+    assert await runrow.trim(dsn, schema=schema, now=now) == runrow.TrimResult(0, 0, 0)  # too recent
     result = await runrow.trim(dsn, schema=schema, now=now + timedelta(hours=25))
-    assert result == runrow.TrimResult(runs=1, events=3)
-    assert await events(conn, schema, old.id) == []
+    # The live run, made in the same hour, holds the partition: the old run's events stay.
+    assert result == runrow.TrimResult(runs=1, events=0, partitions=0)
+    assert len(await events(conn, schema, old.id)) == 3
     assert (await run_row(conn, schema, old.id))["request"] is None
     assert (await run_row(conn, schema, live.id))["request"] == {"pii": 2}  # running: untouched
     assert len(await events(conn, schema, live.id)) == 2
     assert [m.content for m in await runrow.transcript(dsn, "a", schema=schema)] == ["old"]
+    got = [e async for e in runrow.tail(dsn, old.id, schema=schema)]  # still whole
+    assert [e.seq for e in got] == [1, 2, 3] and got[-1].type == "complete"
+    # The live run ends; a day after, every run of its hour is trimmed and the
+    # partitions go whole (its hour's and the two empty ones made ahead).
+    assert await manual.finalize(conn, schema, live.id, token[live.id], "completed", 3)
+    later = now + timedelta(days=2, hours=1)
+    before = await runrow.journal_partitions(dsn, schema=schema)
+    assert await runrow.trim(dsn, schema=schema, now=later) == runrow.TrimResult(
+        runs=1, events=0, partitions=3
+    )
+    after = await runrow.journal_partitions(dsn, schema=schema)
+    assert {p.name for p in before} - {p.name for p in after} == {p.name for p in before if p.starts}
+    assert await events(conn, schema, old.id) == [] and await events(conn, schema, live.id) == []
     # A trimmed run's tail still ends, from the row.
     got = [e async for e in runrow.tail(dsn, old.id, schema=schema)]
     assert [(e.type, e.payload["status"]) for e in got] == [("complete", "completed")]
-    assert await runrow.trim(dsn, schema=schema, now=now + timedelta(hours=25)) == runrow.TrimResult(0, 0)
+    assert await runrow.trim(dsn, schema=schema, now=later) == runrow.TrimResult(0, 0, 0)
+    # A run made now finds its partition again (made on demand by the next ensure).
+    assert await runrow.ensure_journal_partitions(dsn, schema=schema) >= 1
+    again = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="again")
+    assert len(await events(conn, schema, again.id)) == 2
 
 
 async def test_retry_after_trim_is_refused_rather_than_run_without_its_request(

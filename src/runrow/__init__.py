@@ -50,6 +50,7 @@ from ._models import (
     UsageTotal,
 )
 from ._observe import Observer
+from ._partitions import JournalPartition, ensure_journal_partitions, journal_partitions
 from ._queries import QueueStats, get_run, list_runs, queue_stats, transcript
 from ._retention import TrimResult, trim
 from ._retry import RetryPolicy
@@ -92,6 +93,7 @@ __all__ = [
     "Event",
     "IdempotencyConflict",
     "InvalidInput",
+    "JournalPartition",
     "LeaseLost",
     "Message",
     "NotWaitingForInput",
@@ -131,8 +133,10 @@ __all__ = [
     "add_webhook",
     "cancel_run",
     "enqueue",
+    "ensure_journal_partitions",
     "get_run",
     "get_usage_budget",
+    "journal_partitions",
     "latest_version",
     "list_rate_limits",
     "list_runs",

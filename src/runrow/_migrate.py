@@ -7,6 +7,7 @@ import logging
 from psycopg import AsyncConnection
 
 from ._errors import InvalidInput, SchemaOutOfDate
+from ._gateway import partitions as _partitions
 from ._gateway import schema as _schema
 from ._gateway._exec import run
 from ._names import DEFAULT_SCHEMA, check_schema
@@ -57,6 +58,9 @@ async def migrate(
         return await _migrate_then_index(conn, schema, steps, goal, dashboard_indexes)
 
 
+FIRST_PARTITIONED_JOURNAL = 20
+"""The schema version from which the journal is partitioned (migrations 18-20)."""
+
 FIRST_OPT_IN_DASHBOARD = 12
 """The schema version from which the dashboard's list indexes are opt-in."""
 
@@ -65,6 +69,9 @@ async def _migrate_then_index(
     conn: AsyncConnection, schema: str, steps: tuple[_schema.Migration, ...], goal: int, indexes: bool
 ) -> list[int]:
     applied = await _migrate(conn, schema, steps, goal)
+    if goal >= FIRST_PARTITIONED_JOURNAL:
+        async with conn.transaction():  # (partitions ahead of the clock, on every call)
+            await run(conn, _partitions.ensure(schema))
     if indexes:
         await run(conn, _schema.dashboard_indexes(schema))
         log.info("built the dashboard's list indexes in schema %s", schema)

@@ -10,16 +10,21 @@ from ._errors import InvalidInput
 from ._gateway import retention as _gw
 from ._gateway._exec import run
 from ._names import DEFAULT_SCHEMA, check_schema
+from ._partitions import drop_expired_partitions
 
 __all__ = ["TrimResult", "trim"]
 
 
 @dataclass(frozen=True, slots=True)
 class TrimResult:
-    """How many finished runs were trimmed and how many journal rows went with them."""
+    """What a trim did: ``runs`` finished runs trimmed (request snapshot nulled, step
+    records and tree stream gone, marked trimmed); ``events`` journal rows deleted one by
+    one (only the legacy partition's: events of runs made before schema version 20);
+    ``partitions`` whole journal partitions dropped, every run made in them trimmed."""
 
     runs: int
     events: int
+    partitions: int = 0
 
 
 async def trim(
@@ -30,9 +35,13 @@ async def trim(
     batch: int = 1000,
     now: datetime | None = None,
 ) -> TrimResult:
-    """Deletes the journal of runs finished more than ``retention`` ago and nulls their
-    request snapshot (it may hold personal data). Messages are kept. Works in batches
-    of ``batch`` runs (each its own transaction) until nothing is left to trim."""
+    """Trims runs finished more than ``retention`` ago: nulls their request snapshot (it
+    may hold personal data) and marks them trimmed, in batches of ``batch`` runs (each its
+    own transaction) until nothing is left; then drops every journal partition whose runs
+    are all trimmed, with their events (detached concurrently unless ``db`` is a
+    connection inside a transaction). Messages are kept. A run's events therefore stay
+    until its partition goes: at most ``retention`` plus one partition interval after
+    the last run made in that interval ends."""
     check_schema(schema)
     if retention < timedelta(0):
         raise InvalidInput("retention", "must not be negative")
@@ -47,4 +56,8 @@ async def trim(
         runs += done.runs
         events += done.events
         if done.runs < batch:
-            return TrimResult(runs, events)
+            break
+    partitions, _ = await drop_expired_partitions(
+        db, schema=schema, retention_seconds=retention.total_seconds(), now=now
+    )
+    return TrimResult(runs, events, partitions)

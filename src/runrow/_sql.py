@@ -32,6 +32,10 @@ if TYPE_CHECKING:
 
 _NAME = re.compile(r"^--\s*(name|fragment):\s*([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
 _BRACED = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
+# Identifiers a statement may name as ``{...}``, rendered by :func:`render` with
+# psycopg.sql.Identifier: the schema's name, and a journal partition's (which the
+# partitions' statements take from the catalog, see sql/partitions.sql).
+_IDENTIFIERS = frozenset({"schema", "partition"})
 _PLACEHOLDER = re.compile(r"%\(([a-z_][a-z0-9_]*)\)s|%%|%")
 
 
@@ -76,7 +80,7 @@ def _expand(name: str, body: str, fragments: Mapping[str, str]) -> str:
 
     def text(match: re.Match[str]) -> str:
         found = match.group(1)
-        if found == "schema":
+        if found in _IDENTIFIERS:
             return match.group(0)
         if found not in fragments:
             raise RuntimeError(f"statement {name!r}: no SQL fragment named {found!r} under sql/")
@@ -131,9 +135,18 @@ def migrations() -> tuple[tuple[int, str, str], ...]:
     return tuple(found)
 
 
-def render(text: str, schema: str) -> bytes:
-    """``text`` with ``{schema}`` replaced by the quoted identifier, as query bytes."""
-    return sql.SQL(text).format(schema=sql.Identifier(schema)).as_bytes()
+def render(text: str, schema: str, *, partition: str | None = None) -> bytes:
+    """``text`` with ``{schema}`` (and ``{partition}``, if given) replaced by quoted
+    identifiers, as query bytes."""
+    names = {"schema": sql.Identifier(schema)}
+    if partition is not None:
+        names["partition"] = sql.Identifier(partition)
+    return sql.SQL(text).format(**names).as_bytes()
+
+
+def partition_statement(name: str, schema: str, partition: str) -> bytes:
+    """The named statement rendered for ``schema`` and one journal ``partition``."""
+    return render(_text(name), schema, partition=partition)
 
 
 def _text(name: str) -> str:

@@ -20,6 +20,7 @@ import anyio
 import psycopg
 
 from .._db import HeldConnection, describe, statement_conn
+from .._gateway import partitions as _partitions
 from .._gateway import reaper as _reaper
 from .._gateway import workers as _workers
 from .._gateway._exec import run
@@ -39,6 +40,10 @@ if TYPE_CHECKING:
     from .roster import Roster
 
 log = logging.getLogger("runrow.dispatcher")
+
+# How often a worker makes sure the journal's partitions are made ahead (they are made
+# journal_settings.premake intervals ahead, a day each by default: hourly is plenty).
+_PARTITIONS_EVERY = 600.0
 
 _WHY = {"input_expired": "its wait for input is over", "deadline_exceeded": "past its deadline"}
 
@@ -60,7 +65,11 @@ class Reaper:
         start, so a slow pass does not push the next one back)."""
         task_status.started()
         s = self._settings
+        partitions_due = 0.0
         while True:
+            if anyio.current_time() >= partitions_due:
+                partitions_due = anyio.current_time() + _PARTITIONS_EVERY
+                await self._ensure_partitions()
             due = anyio.current_time() + s.reap_interval
             try:
                 with anyio.CancelScope(shield=True), anyio.fail_after(max(s.poll, 5.0)):
@@ -68,6 +77,21 @@ class Reaper:
             except (psycopg.Error, OSError, TimeoutError) as exc:
                 log.warning("reaper pass failed: %s", describe(exc), extra={"worker_id": s.worker_id})
             await anyio.sleep(max(0.0, due - anyio.current_time()))
+
+    async def _ensure_partitions(self) -> None:
+        """Keeps the journal's partitions made ahead of the clock (see _partitions.py):
+        every worker does, so a run's first events always find theirs."""
+        s = self._settings
+        try:
+            with anyio.CancelScope(shield=True), anyio.fail_after(30.0):
+                async with statement_conn(self._conn) as conn:
+                    made = await run(conn, _partitions.ensure(s.schema))
+            if made:
+                log.info("made %d journal partition(s) ahead", made, extra={"worker_id": s.worker_id})
+        except (psycopg.Error, OSError, TimeoutError) as exc:
+            log.warning(
+                "making journal partitions failed: %s", describe(exc), extra={"worker_id": s.worker_id}
+            )
 
     async def reap(self, *, now: datetime | None = None, limit: int = 100) -> list[uuid.UUID]:
         """One pass; returns the ids it ended."""
