@@ -101,7 +101,7 @@ async def test_cli_reads_and_stops(dsn: str, schema: str) -> None:
     assert "attempt 2" in retry_line and "attempt" not in first_line
     (retry,) = [r for r in json.loads(await cli("runs", "list", "--json")) if r["id"] != str(run.id)]
     assert (retry["attempt"], retry["lineage_id"]) == (2, str(run.id))
-    assert "trimmed 0 journal rows" in await cli("trim")
+    assert "trimmed 0 finished runs; dropped 0 journal partitions" in await cli("trim")
     tail = [json.loads(line) for line in (await cli("runs", "tail", str(run.id), "--json")).splitlines()]
     assert [e["seq"] for e in tail] == [1, 2, 3] and tail[-1]["type"] == "complete"
 

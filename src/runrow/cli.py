@@ -282,7 +282,12 @@ async def cmd_trim(args: argparse.Namespace) -> int:
     result = await trim(
         _database_url(args), retention=timedelta(hours=args.retention_hours), schema=args.schema
     )
-    _out(args, result, f"trimmed {result.events} journal rows of {result.runs} finished runs")
+    _out(
+        args,
+        result,
+        f"trimmed {result.runs} finished runs; dropped {result.partitions} journal partitions"
+        f" and {result.events} journal rows one by one",
+    )
     return 0
 
 
