@@ -16,6 +16,7 @@ from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 import runrow
+import runrow.sync
 from runrow._names import Channels
 
 from . import manual
@@ -514,3 +515,27 @@ async def _counted_tail(dsn: str, schema: str, run_id: uuid.UUID) -> AsyncIterat
 
         tg.start_soon(follow)
         yield seen
+
+
+async def test_an_enqueue_with_no_partition_for_now_names_the_fix_and_writes_nothing(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    """If no worker nor migrate made partitions for a long while, the journal has none
+    for runs made now: the enqueue is refused whole, with the fix in the message."""
+    for part in await runrow.journal_partitions(conn, schema=schema):
+        if part.starts is not None:
+            await conn.execute(
+                sql.SQL("ALTER TABLE {} DETACH PARTITION {}").format(
+                    table(schema, "run_event"), table(schema, part.name)
+                )
+            )
+            await conn.execute(sql.SQL("DROP TABLE {}").format(table(schema, part.name)))
+    with pytest.raises(runrow.JournalPartitionMissing, match="ensure_journal_partitions"):
+        await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="hi")
+    cur = await conn.execute(sql.SQL("SELECT count(*) FROM {}").format(table(schema, "agent_run")))
+    assert await cur.fetchone() == (0,)
+    with pytest.raises(runrow.JournalPartitionMissing):
+        runrow.sync.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="hi")
+    assert await runrow.ensure_journal_partitions(dsn, schema=schema) >= 1
+    run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="hi")
+    assert [e[0] for e in await events(conn, schema, run.id)] == [1, 2]

@@ -11,7 +11,7 @@ from psycopg import AsyncConnection
 from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool
 
-from ._errors import InvalidInput, SchemaOutOfDate
+from ._errors import InvalidInput, JournalPartitionMissing, SchemaOutOfDate, no_journal_partition
 from ._gateway import schema as _schema
 from ._gateway._exec import own_transaction, run
 
@@ -97,6 +97,10 @@ async def schema_guard(db: Database, schema: str) -> AsyncIterator[None]:
         yield
     except MISSING_SCHEMA as exc:
         raise await out_of_date(db, schema) from exc
+    except psycopg.errors.CheckViolation as exc:
+        if no_journal_partition(exc):
+            raise JournalPartitionMissing(schema) from exc
+        raise
 
 
 async def out_of_date(db: Database, schema: str) -> SchemaOutOfDate:

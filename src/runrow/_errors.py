@@ -11,6 +11,7 @@ __all__ = [
     "ConversationBusy",
     "IdempotencyConflict",
     "InvalidInput",
+    "JournalPartitionMissing",
     "LeaseLost",
     "NotWaitingForInput",
     "Overloaded",
@@ -42,6 +43,29 @@ class InvalidInput(RunrowError, ValueError):
 
 class ConfigurationError(RunrowError, ValueError):
     """Options that cannot work together, such as a heartbeat no shorter than the lease."""
+
+
+class JournalPartitionMissing(RunrowError):
+    """No journal partition holds the runs being made now: nothing was written.
+
+    Workers and ``runrow migrate`` make partitions ahead of the clock
+    (``journal_settings.premake`` intervals); this happens only when neither has run for
+    longer than that. The fix: ``runrow migrate``, a worker, or
+    :func:`runrow.ensure_journal_partitions`.
+    """
+
+    def __init__(self, schema: str) -> None:
+        super().__init__(
+            f"runrow schema {schema!r} has no journal partition for runs made now: run `runrow migrate` "
+            "or start a worker (both make partitions ahead), or call runrow.ensure_journal_partitions()"
+        )
+        self.schema = schema
+
+
+def no_journal_partition(exc: BaseException) -> bool:
+    """Whether ``exc`` is PostgreSQL finding no partition of the journal for a row."""
+    primary = getattr(getattr(exc, "diag", None), "message_primary", None) or ""
+    return getattr(exc, "sqlstate", None) == "23514" and primary.startswith("no partition of relation")
 
 
 class SchemaOutOfDate(RunrowError):

@@ -12,7 +12,7 @@ from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool
 
 from ._db import MISSING_SCHEMA
-from ._errors import InvalidInput, SchemaOutOfDate
+from ._errors import InvalidInput, JournalPartitionMissing, SchemaOutOfDate, no_journal_partition
 from ._gateway import schema as _schema
 from ._gateway._exec import own_transaction_sync, run_sync
 
@@ -82,6 +82,10 @@ def schema_guard(db: SyncDatabase, schema: str) -> Iterator[None]:
             found = None  # e.g. the caller's transaction is aborted: say what we can
         expected = _schema.latest_version()
         raise SchemaOutOfDate(schema, found if found != expected else None, expected) from exc
+    except psycopg.errors.CheckViolation as exc:
+        if no_journal_partition(exc):
+            raise JournalPartitionMissing(schema) from exc
+        raise
 
 
 def perform(db: SyncDatabase, schema: str, op: Operation[T]) -> T:
