@@ -1,0 +1,129 @@
+"""The partitioned journal's invariants (#44): whatever the times runs are made at (in
+any partition, or before partitioning: legacy), a run's events all live in one
+partition, (run_id, seq) stays unique and one ending per run, across the table."""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from psycopg import sql
+
+import runrow
+
+from .helpers import table
+
+pytestmark = pytest.mark.anyio
+
+DAY_MS = 86_400_000
+
+
+def _id_at(ms: int | None) -> uuid.UUID:
+    """A run id made at ``ms`` (time-ordered, version 7), or a random version-4 one."""
+    if ms is None:
+        return uuid.uuid4()
+    raw = bytearray(ms.to_bytes(6, "big") + uuid.uuid4().bytes[6:])
+    raw[6] = (raw[6] & 0x0F) | 0x70
+    return uuid.UUID(bytes=bytes(raw))
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    runs=st.lists(
+        st.tuples(
+            st.one_of(st.none(), st.integers(min_value=0, max_value=3 * DAY_MS - 1)),  # None: legacy id
+            st.integers(min_value=1, max_value=5),  # events
+        ),
+        min_size=1,
+        max_size=8,
+    )
+)
+async def test_a_runs_events_live_in_one_partition_and_stay_unique_across_the_table(
+    dsn: str, schema: str, runs: list[tuple[int | None, int]]
+) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        now = await (await conn.execute("SELECT (extract(epoch FROM now()) * 1000)::bigint")).fetchone()
+        assert now is not None
+        day_start = now[0] // DAY_MS * DAY_MS  # the first partition (daily) starts here
+        event, run_table, message = (table(schema, n) for n in ("run_event", "agent_run", "message"))
+        made = []
+        for offset, count in runs:
+            run_id = _id_at(None if offset is None else day_start + offset)
+            cur = await conn.execute(
+                sql.SQL(
+                    "INSERT INTO {m} (conversation_id, role, content, status, user_id)"
+                    " VALUES (%s, 'user', '\"q\"', 'sent', 'u') RETURNING id"
+                ).format(m=message),
+                (f"c-{run_id.hex[:8]}",),
+            )
+            (message_id,) = await cur.fetchone()  # type: ignore[misc]
+            await conn.execute(
+                sql.SQL(
+                    "INSERT INTO {} (id, conversation_id, user_id, user_message_id) VALUES (%s, %s, 'u', %s)"
+                ).format(run_table),
+                (run_id, f"c-{run_id.hex[:8]}", message_id),
+            )
+            await conn.execute(
+                sql.SQL(
+                    "INSERT INTO {} (run_id, seq, type) SELECT %s, s, CASE WHEN s = %s THEN 'complete' ELSE 'x' END"
+                    " FROM generate_series(1, %s) s"
+                ).format(event),
+                (run_id, count, count),
+            )
+            made.append((run_id, count, offset))
+        for run_id, count, offset in made:
+            cur = await conn.execute(
+                sql.SQL(
+                    "SELECT tableoid::regclass::text, count(*) FROM {} WHERE run_id = %s GROUP BY 1"
+                ).format(event),
+                (run_id,),
+            )
+            where = await cur.fetchall()
+            assert len(where) == 1 and where[0][1] == count, where  # one partition, every event
+            assert (where[0][0].endswith("run_event_legacy")) == (offset is None)
+            # The reads runrow sends (pruned to the run's partition) see the same rows.
+            pruned = await conn.execute(
+                sql.SQL(
+                    "SELECT count(*) FROM {} WHERE run_id = %s AND {}.run_ms(run_id) = {}.run_ms(%s)"
+                ).format(event, sql.Identifier(schema), sql.Identifier(schema)),
+                (run_id, run_id),
+            )
+            assert await pruned.fetchone() == (count,)
+            with pytest.raises(psycopg.errors.UniqueViolation):  # the key holds across the table
+                await conn.execute(
+                    sql.SQL("INSERT INTO {} (run_id, seq, type) VALUES (%s, 1, 'x')").format(event), (run_id,)
+                )
+            with pytest.raises(psycopg.errors.UniqueViolation):  # one ending per run
+                await conn.execute(
+                    sql.SQL("INSERT INTO {} (run_id, seq, type) VALUES (%s, %s, 'complete')").format(event),
+                    (run_id, count + 1),
+                )
+
+
+async def test_every_time_partition_carries_the_journals_keys(dsn: str, schema: str) -> None:
+    """Made by the function, each partition has the primary key and the one-ending index
+    (the partitioned table cannot declare them itself: its key is an expression)."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(
+            sql.SQL("UPDATE {} SET partition_seconds = 3600").format(table(schema, "journal_settings"))
+        )
+        assert await runrow.ensure_journal_partitions(conn, schema=schema, at=None) >= 0
+        parts = await runrow.journal_partitions(conn, schema=schema)
+        assert len(parts) >= 5  # the legacy one, today's and premake (4) ahead at least
+        for part in parts:
+            cur = await conn.execute(
+                "SELECT indexdef FROM pg_indexes WHERE schemaname = %s AND tablename = %s",
+                (schema, part.name),
+            )
+            defs = [row[0] for row in await cur.fetchall()]
+            assert any("UNIQUE" in d and "(run_id, seq)" in d for d in defs), (part.name, defs)
+            assert any("UNIQUE" in d and "(run_id)" in d and "'complete'" in d for d in defs), (
+                part.name,
+                defs,
+            )
+        spans = [(p.starts, p.ends) for p in parts if p.starts is not None]
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(spans)), "partitions are contiguous"
