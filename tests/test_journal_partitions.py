@@ -127,3 +127,20 @@ async def test_every_time_partition_carries_the_journals_keys(dsn: str, schema: 
             )
         spans = [(p.starts, p.ends) for p in parts if p.starts is not None]
         assert all(a[1] == b[0] for a, b in itertools.pairwise(spans)), "partitions are contiguous"
+
+
+async def test_run_ids_carry_the_time_they_were_made_in_the_uuidv7_layout(dsn: str, schema: str) -> None:
+    s = sql.Identifier(schema)
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute(
+            sql.SQL(
+                "SELECT {s}.new_run_id(), (extract(epoch FROM clock_timestamp()) * 1000)::bigint,"
+                " {s}.run_id_at('2026-12-05 10:00:00.123+00'), {s}.run_ms(gen_random_uuid())"
+            ).format(s=s)
+        )
+        made, clock, at, legacy = await cur.fetchone()  # type: ignore[misc]
+    assert made.version == 7 and at.version == 7  # the layout any UUIDv7 reader expects
+    assert abs(int.from_bytes(made.bytes[:6], "big") - clock) < 5_000
+    assert int.from_bytes(at.bytes[:6], "big") == 1_796_464_800_123
+    assert legacy == 0
+    assert _id_at(1_796_464_800_123).bytes[:6] == at.bytes[:6]

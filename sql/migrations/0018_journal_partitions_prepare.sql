@@ -26,17 +26,22 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
                 ELSE 0 END
 $$;
 
--- A new run id: the database's clock in ms, then random bits (a version-4 id's, with the
--- version nibble set to 7). The database's clock, not a host's, so that every process
--- routes to partitions made by the same clock.
-CREATE FUNCTION {schema}.new_run_id() RETURNS uuid
+-- A run id made at `at`: its ms first, then random bits (a version-4 id's, with the
+-- version nibble set to 7). For loading runs made in the past (a backfill, a benchmark).
+CREATE FUNCTION {schema}.run_id_at(at timestamptz) RETURNS uuid
 LANGUAGE sql VOLATILE PARALLEL SAFE AS $$
     SELECT encode(set_bit(set_bit(
                overlay(uuid_send(gen_random_uuid())
-                       PLACING substring(int8send((extract(epoch FROM clock_timestamp()) * 1000)::bigint)
-                                         FROM 3)
+                       PLACING substring(int8send((extract(epoch FROM at) * 1000)::bigint) FROM 3)
                        FROM 1 FOR 6),
                52, 1), 53, 1), 'hex')::uuid
+$$;
+
+-- A new run id, made now by the database's clock, not a host's, so that every process
+-- routes to partitions made by the same clock.
+CREATE FUNCTION {schema}.new_run_id() RETURNS uuid
+LANGUAGE sql VOLATILE PARALLEL SAFE AS $$
+    SELECT {schema}.run_id_at(clock_timestamp())
 $$;
 
 -- How the journal is cut: one partition per partition_seconds of run creation, and
