@@ -282,12 +282,8 @@ async def cmd_trim(args: argparse.Namespace) -> int:
     result = await trim(
         _database_url(args), retention=timedelta(hours=args.retention_hours), schema=args.schema
     )
-    _out(
-        args,
-        result,
-        f"trimmed {result.runs} finished runs; dropped {result.partitions} journal partitions"
-        f" and {result.events} journal rows one by one",
-    )
+    what = f"dropped {result.partitions} journal partitions and {result.events} journal rows one by one"
+    _out(args, result, f"trimmed {result.runs} finished runs; {what}")
     return 0
 
 

@@ -83,7 +83,8 @@ class Reaper:
         every worker does, so a run's first events always find theirs."""
         s = self._settings
         try:
-            with anyio.CancelScope(shield=True), anyio.fail_after(30.0):
+            # (Not shielded: a cancelled call rolls back whole, and a later one makes them.)
+            with anyio.fail_after(30.0):
                 async with statement_conn(self._conn) as conn:
                     made = await run(conn, _partitions.ensure(s.schema))
             if made:

@@ -26,13 +26,14 @@ class PartitionRow(NamedTuple):
 
 def ensure(schema: str, *, at: datetime | None = None) -> Plan[int]:
     """Makes the partitions up to the schema's premake intervals past ``at``; how many."""
-    rows = yield Query(_sql.statement("journal_ensure_partitions", schema), {"at": at}, plain=True)
+    # (Not plain: the function's own queries must run with JIT off, as every statement's.)
+    rows = yield Query(_sql.statement("journal_ensure_partitions", schema), {"at": at}, prepare=False)
     return int(rows[0][0])
 
 
 def partitions(schema: str) -> Plan[list[PartitionRow]]:
     """Every partition of the journal, oldest first, the legacy one first of all."""
-    rows = yield Query(_sql.statement("journal_partitions", schema), plain=True)
+    rows = yield Query(_sql.statement("journal_partitions", schema), prepare=False)
     return [PartitionRow(*row) for row in rows]
 
 
@@ -42,14 +43,14 @@ def expired(schema: str, *, retention_seconds: float, now: datetime | None) -> P
     rows = yield Query(
         _sql.statement("journal_partitions_expired", schema),
         {"retention_seconds": retention_seconds, "now": now},
-        plain=True,
+        prepare=False,
     )
     return [(str(name), int(estimate)) for name, estimate in rows]
 
 
 def detach_pending(schema: str) -> Plan[list[str]]:
     """Partitions a detach left half done."""
-    rows = yield Query(_sql.statement("journal_partitions_detach_pending", schema), plain=True)
+    rows = yield Query(_sql.statement("journal_partitions_detach_pending", schema), prepare=False)
     return [str(row[0]) for row in rows]
 
 
