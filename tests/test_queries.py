@@ -102,6 +102,11 @@ async def test_cli_reads_and_stops(dsn: str, schema: str) -> None:
     (retry,) = [r for r in json.loads(await cli("runs", "list", "--json")) if r["id"] != str(run.id)]
     assert (retry["attempt"], retry["lineage_id"]) == (2, str(run.id))
     assert "trimmed 0 finished runs; dropped 0 journal partitions" in await cli("trim")
+    parts = json.loads(await cli("journal", "partitions", "--json"))
+    assert parts[0]["name"] == "run_event_legacy" and parts[0]["starts"] is None
+    assert len(parts) >= 5 and all(p["starts"] < p["ends"] for p in parts[1:])
+    assert "UTC" in (await cli("journal", "partitions")).splitlines()[1]
+    assert "made 0 journal partition(s)" in await cli("journal", "ensure")  # made ahead already
     tail = [json.loads(line) for line in (await cli("runs", "tail", str(run.id), "--json")).splitlines()]
     assert [e["seq"] for e in tail] == [1, 2, 3] and tail[-1]["type"] == "complete"
 

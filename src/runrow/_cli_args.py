@@ -6,6 +6,7 @@ import argparse
 from typing import TYPE_CHECKING, Any, get_args
 
 from . import __version__
+from ._cli_journal import add_journal_parser
 from ._cli_limits import add_limits_parser
 from ._cli_schedules import add_schedules_parser
 from ._cli_usage import add_stats_parser
@@ -296,7 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("stop", parents=[common], help="stop every active turn of a conversation")
     s.add_argument("conversation_id", help="the conversation whose queued and running turns stop")
 
-    t = sub.add_parser("trim", parents=[common], help="delete old journals, null request snapshots")
+    t = sub.add_parser("trim", parents=[common], help="trim old runs, drop old journal partitions")
     t.add_argument(
         "--retention-hours",
         type=float,
@@ -305,6 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     add_stats_parser(sub, common)
+    add_journal_parser(sub, common)
 
     web = sub.add_parser(
         "web",

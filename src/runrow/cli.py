@@ -16,6 +16,7 @@ import psycopg
 
 from ._cli_args import build_parser
 from ._cli_check import cmd_check
+from ._cli_journal import cmd_journal
 from ._cli_limits import cmd_limits
 from ._cli_schedules import cmd_schedules
 from ._cli_send import cmd_send
@@ -327,6 +328,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = 
     "webhooks": cmd_webhooks,
     "check": cmd_check,
     "trim": cmd_trim,
+    "journal": cmd_journal,
     "stats": cmd_stats,
     "dev-db": cmd_dev_db,
 }
