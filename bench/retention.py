@@ -1,0 +1,160 @@
+"""Retention at scale: what one `trim` pass costs over a journal of days of traffic.
+
+Loads DAYS days of finished runs (RUNS_PER_DAY runs a day, EVENTS events each, made
+evenly over the days, each run's id made at its creation time) into a fresh schema, then
+times `runrow.trim(retention=24h)` and reports what it left: the WAL it wrote, the dead
+tuples on the journal that stays (pgstattuple, exact), the rows and partitions gone, and
+the journal's size before and after. Run it once per checkout to compare (the checkout
+before the partitioned journal deletes row by row):
+
+    python bench/retention.py --src src                  # this checkout
+    python bench/retention.py --src /tmp/before/src      # a baseline
+
+Each run starts its own server (Debian's PostgreSQL by default; --server as bench/run.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+LOAD = """
+WITH g AS (
+    SELECT i, now() - make_interval(days => %(days)s) + (i::float8 / %(runs)s) * make_interval(days => %(days)s) AS made
+    FROM generate_series(0, %(runs)s - 1) i
+), m AS (
+    INSERT INTO {s}.message (conversation_id, role, content, status, user_id)
+    SELECT 'c' || i, 'user', '"q"', 'sent', 'u' || (i %% 100) FROM g
+    RETURNING id, conversation_id
+)
+INSERT INTO {s}.agent_run (id, conversation_id, user_id, user_message_id, status, created_at, started_at, finished_at)
+SELECT {make_id}, m.conversation_id, 'u', m.id, 'completed', g.made, g.made, g.made + interval '1 minute'
+FROM m JOIN g ON m.conversation_id = 'c' || g.i
+"""
+
+EVENTS = """
+INSERT INTO {s}.run_event (run_id, seq, type, payload, created_at)
+SELECT r.id, s, CASE WHEN s = %(events)s THEN 'complete' ELSE 'content_delta' END,
+       jsonb_build_object('text', repeat('x', 20 + (s * 7) %% 120)), r.created_at
+FROM {s}.agent_run r CROSS JOIN generate_series(1, %(events)s) s
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--src", type=Path, default=Path(__file__).resolve().parents[1] / "src")
+    parser.add_argument("--days", type=int, default=3)
+    parser.add_argument("--runs-per-day", type=int, default=10_000)
+    parser.add_argument("--events", type=int, default=100, help="events per run")
+    parser.add_argument("--server", default="/usr/lib/postgresql/15/bin")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    sys.path.insert(0, str(args.src.resolve()))
+    print(json.dumps(asyncio.run(_measure(args)), indent=2))
+
+
+async def _measure(args: argparse.Namespace) -> dict[str, Any]:
+    from datetime import timedelta
+
+    import psycopg
+    from psycopg import sql
+
+    import runrow
+    from runrow.embedded import EmbeddedPostgres
+
+    settings = {"shared_buffers": "512MB", "max_wal_size": "8GB", "checkpoint_timeout": "30min"}
+    with EmbeddedPostgres(bin_dir=args.server, settings=settings) as pg:
+        url = pg.conninfo()
+        await runrow.migrate(url)
+        s = sql.Identifier("runrow")
+        partitioned = runrow.latest_version() >= 20
+        runs = args.days * args.runs_per_day
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            await conn.execute("CREATE EXTENSION IF NOT EXISTS pgstattuple")
+            if partitioned:  # partitions from DAYS ago: the load makes runs in the past
+                for part in await runrow.journal_partitions(conn):
+                    if part.starts is not None:
+                        name = sql.Identifier("runrow", part.name)
+                        await conn.execute(
+                            sql.SQL("ALTER TABLE {}.run_event DETACH PARTITION {}").format(s, name)
+                        )
+                        await conn.execute(sql.SQL("DROP TABLE {}").format(name))
+                await conn.execute(
+                    sql.SQL("SELECT {}.journal_ensure_partitions(now() - %s)").format(s),
+                    (timedelta(days=args.days),),
+                )
+            make_id = (
+                sql.SQL("{}.run_id_at(g.made)").format(s) if partitioned else sql.SQL("gen_random_uuid()")
+            )
+            started = time.perf_counter()
+            await conn.execute(sql.SQL(LOAD).format(s=s, make_id=make_id), {"days": args.days, "runs": runs})
+            await conn.execute(sql.SQL(EVENTS).format(s=s), {"events": args.events})
+            await conn.execute("VACUUM (ANALYZE)")
+            await conn.execute("CHECKPOINT")
+            loaded = time.perf_counter() - started
+            size_before = await _one(conn, sql.SQL("SELECT {}").format(_journal_size(s)))
+            wal_before = await _one(conn, "SELECT pg_current_wal_lsn()")
+            started = time.perf_counter()
+            result = await runrow.trim(url, retention=timedelta(hours=24), batch=1000)
+            took = time.perf_counter() - started
+            wal = await _one(conn, "SELECT pg_current_wal_lsn() - %s::pg_lsn", (str(wal_before),))
+            left = await _one(conn, sql.SQL("SELECT count(*) FROM {}.run_event").format(s))
+            dead = 0
+            tables = await (
+                await conn.execute(
+                    "SELECT c.oid::regclass::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+                    " WHERE n.nspname = 'runrow' AND c.relkind = 'r' AND c.relname LIKE 'run_event%%'"
+                )
+            ).fetchall()
+            for (table,) in tables:
+                dead += await _one(conn, "SELECT dead_tuple_count FROM pgstattuple(%s)", (table,))
+            size_after = await _one(conn, sql.SQL("SELECT {}").format(_journal_size(s)))
+            started = time.perf_counter()
+            await conn.execute(sql.SQL("VACUUM {}.run_event").format(s))
+            vacuum = time.perf_counter() - started
+    report = {
+        "src": str(args.src),
+        "partitioned": partitioned,
+        "events_loaded": runs * args.events,
+        "runs_loaded": runs,
+        "load_seconds": round(loaded, 1),
+        "trim_seconds": round(took, 2),
+        "trim_runs": result.runs,
+        "trim_events_deleted_row_by_row": result.events,
+        "trim_partitions_dropped": getattr(result, "partitions", 0),
+        "events_left": left,
+        "trim_wal_bytes": int(wal),
+        "dead_tuples_left_on_the_journal": dead,
+        "journal_bytes_before": size_before,
+        "journal_bytes_after": size_after,
+        "vacuum_after_seconds": round(vacuum, 2),
+    }
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+    return report
+
+
+def _journal_size(s: Any) -> Any:
+    from psycopg import sql
+
+    return sql.SQL(
+        "(SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint FROM pg_class c"
+        " JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = 'runrow' AND c.relkind = 'r' AND c.relname LIKE 'run_event%%')"
+    )
+
+
+async def _one(conn: Any, query: Any, params: Any = None) -> Any:
+    row = await (await conn.execute(query, params)).fetchone()
+    return row[0]
+
+
+if __name__ == "__main__":
+    main()
