@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import uuid
 
+import anyio
 import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -144,3 +145,49 @@ async def test_run_ids_carry_the_time_they_were_made_in_the_uuidv7_layout(dsn: s
     assert int.from_bytes(at.bytes[:6], "big") == 1_796_464_800_123
     assert legacy == 0
     assert _id_at(1_796_464_800_123).bytes[:6] == at.bytes[:6]
+
+
+async def test_trim_finishes_a_detach_that_was_interrupted(dsn: str, schema: str) -> None:
+    """DETACH ... CONCURRENTLY runs in two transactions; cancelled between them, it leaves
+    the partition half detached. The next trim finishes the detach and drops it."""
+    async with (
+        await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn,
+        await psycopg.AsyncConnection.connect(dsn, autocommit=True) as holder,
+        await psycopg.AsyncConnection.connect(dsn, autocommit=True) as detacher,
+    ):
+        parts = await runrow.journal_partitions(conn, schema=schema)
+        victim = parts[-1].name  # the newest, empty one made ahead
+        # An open snapshot that reads the journal makes the detach's second phase wait.
+        await holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        await holder.execute(sql.SQL("SELECT count(*) FROM {}").format(table(schema, "run_event")))
+        pid = (await (await detacher.execute("SELECT pg_backend_pid()")).fetchone())[0]  # type: ignore[index]
+
+        async def detach() -> None:
+            with pytest.raises(psycopg.errors.QueryCanceled):
+                await detacher.execute(
+                    sql.SQL("ALTER TABLE {} DETACH PARTITION {} CONCURRENTLY").format(
+                        table(schema, "run_event"), table(schema, victim)
+                    )
+                )
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(detach)
+            for _ in range(200):  # until it waits for the old snapshot
+                cur = await conn.execute(
+                    "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)
+                )
+                if (await cur.fetchone()) == ("Lock",):
+                    break
+                await anyio.sleep(0.02)
+            await conn.execute("SELECT pg_cancel_backend(%s)", (pid,))
+        await holder.execute("ROLLBACK")
+        cur = await conn.execute(
+            "SELECT inhdetachpending FROM pg_inherits WHERE inhrelid = %s::regclass",
+            (f'"{schema}"."{victim}"',),
+        )
+        assert await cur.fetchone() == (True,)  # half detached
+        result = await runrow.trim(conn, schema=schema)
+        assert result.partitions == 1
+        assert victim not in {p.name for p in await runrow.journal_partitions(conn, schema=schema)}
+        cur = await conn.execute("SELECT to_regclass(%s)", (f'"{schema}"."{victim}"',))
+        assert await cur.fetchone() == (None,)
