@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import uuid
+from datetime import timedelta
 
 import anyio
 import psycopg
@@ -16,7 +17,7 @@ from psycopg import sql
 
 import runrow
 
-from .helpers import table
+from .helpers import assert_journal_sound, table
 
 pytestmark = pytest.mark.anyio
 
@@ -191,3 +192,84 @@ async def test_trim_finishes_a_detach_that_was_interrupted(dsn: str, schema: str
         assert victim not in {p.name for p in await runrow.journal_partitions(conn, schema=schema)}
         cur = await conn.execute("SELECT to_regclass(%s)", (f'"{schema}"."{victim}"',))
         assert await cur.fetchone() == (None,)
+
+
+FAST = {"poll": 0.2, "heartbeat": 0.2, "lease": 2.0, "grace": 1.0, "reap_interval": 0.1}
+
+
+async def test_dropping_old_partitions_leaves_live_runs_and_their_tails_whole(dsn: str, schema: str) -> None:
+    """Yesterday's finished runs sit in their own partitions; while workers stream today's
+    turns and tails follow them, trim passes drop yesterday's partitions (detached
+    concurrently). Every live tail gets its whole journal, gap-free, ending once."""
+    s = sql.Identifier(schema)
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        # Hourly partitions from 30 hours ago (made before any run, as a backfill would).
+        for part in await runrow.journal_partitions(conn, schema=schema):
+            if part.starts is not None:
+                await conn.execute(
+                    sql.SQL("ALTER TABLE {} DETACH PARTITION {}").format(
+                        table(schema, "run_event"), table(schema, part.name)
+                    )
+                )
+                await conn.execute(sql.SQL("DROP TABLE {}").format(table(schema, part.name)))
+        await conn.execute(
+            sql.SQL("UPDATE {}.journal_settings SET partition_seconds = 3600, premake = 2").format(s)
+        )
+        await conn.execute(
+            sql.SQL("SELECT {}.journal_ensure_partitions(now() - interval '30 hours')").format(s)
+        )
+        assert await runrow.ensure_journal_partitions(conn, schema=schema) > 20  # contiguous to now
+        # 300 finished runs made 29 hours ago, 20 events each.
+        await conn.execute(
+            sql.SQL(
+                "WITH m AS (INSERT INTO {s}.message (conversation_id, role, content, status, user_id)"
+                " SELECT 'old' || g, 'user', '\"q\"', 'sent', 'u' FROM generate_series(1, 300) g"
+                " RETURNING id, conversation_id),"
+                " r AS (INSERT INTO {s}.agent_run (id, conversation_id, user_id, user_message_id, status,"
+                "       created_at, started_at, finished_at)"
+                " SELECT {s}.run_id_at(now() - interval '29 hours' + (substr(conversation_id, 4)::int * interval '10 s')),"
+                "        conversation_id, 'u', id, 'completed', now() - interval '29 hours',"
+                "        now() - interval '29 hours', now() - interval '28 hours' FROM m RETURNING id)"
+                " INSERT INTO {s}.run_event (run_id, seq, type)"
+                " SELECT r.id, q, CASE WHEN q = 20 THEN 'complete' ELSE 'x' END FROM r, generate_series(1, 20) q"
+            ).format(s=s)
+        )
+        before = await runrow.journal_partitions(conn, schema=schema)
+
+        async def agent(run: runrow.RunContext) -> None:
+            for i in range(30):
+                await run.text(f"{i} ")
+                await anyio.sleep(0.005)
+
+        got: dict[uuid.UUID, list[int]] = {}
+
+        async def follow(run_id: uuid.UUID) -> None:
+            got[run_id] = [e.seq async for e in runrow.tail(dsn, run_id, schema=schema)]
+
+        dropped = 0
+        async with runrow.Dispatcher(dsn, agent, schema=schema, concurrency=8, **FAST):
+            async with anyio.create_task_group() as tg:
+                runs = []
+                for i in range(24):
+                    run = await runrow.enqueue(
+                        dsn, schema=schema, conversation_id=f"live{i}", user_id="u", content="q"
+                    )
+                    runs.append(run.id)
+                    tg.start_soon(follow, run.id)
+                    if i % 6 == 5:
+                        dropped += (
+                            await runrow.trim(dsn, schema=schema, retention=timedelta(hours=24))
+                        ).partitions
+        dropped += (await runrow.trim(dsn, schema=schema, retention=timedelta(hours=24))).partitions
+        after = await runrow.journal_partitions(conn, schema=schema)
+        assert dropped >= 2, (before, after)  # the old runs' hours went, whole
+        cur = await conn.execute(
+            sql.SQL(
+                "SELECT count(*) FROM {}.run_event e JOIN {}.agent_run r ON r.id = e.run_id"
+                " WHERE r.conversation_id LIKE 'old%%'"
+            ).format(s, s)
+        )
+        assert await cur.fetchone() == (0,)
+        for run_id in runs:
+            evs = await assert_journal_sound(conn, schema, run_id)
+            assert got[run_id] == [seq for seq, _, _ in evs]
