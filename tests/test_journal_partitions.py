@@ -247,19 +247,21 @@ async def test_dropping_old_partitions_leaves_live_runs_and_their_tails_whole(ds
             got[run_id] = [e.seq async for e in runrow.tail(dsn, run_id, schema=schema)]
 
         dropped = 0
-        async with runrow.Dispatcher(dsn, agent, schema=schema, concurrency=8, **FAST):
-            async with anyio.create_task_group() as tg:
-                runs = []
-                for i in range(24):
-                    run = await runrow.enqueue(
-                        dsn, schema=schema, conversation_id=f"live{i}", user_id="u", content="q"
-                    )
-                    runs.append(run.id)
-                    tg.start_soon(follow, run.id)
-                    if i % 6 == 5:
-                        dropped += (
-                            await runrow.trim(dsn, schema=schema, retention=timedelta(hours=24))
-                        ).partitions
+        async with (
+            runrow.Dispatcher(dsn, agent, schema=schema, concurrency=8, **FAST),
+            anyio.create_task_group() as tg,
+        ):
+            runs = []
+            for i in range(24):
+                run = await runrow.enqueue(
+                    dsn, schema=schema, conversation_id=f"live{i}", user_id="u", content="q"
+                )
+                runs.append(run.id)
+                tg.start_soon(follow, run.id)
+                if i % 6 == 5:
+                    dropped += (
+                        await runrow.trim(dsn, schema=schema, retention=timedelta(hours=24))
+                    ).partitions
         dropped += (await runrow.trim(dsn, schema=schema, retention=timedelta(hours=24))).partitions
         after = await runrow.journal_partitions(conn, schema=schema)
         assert dropped >= 2, (before, after)  # the old runs' hours went, whole
