@@ -18,8 +18,10 @@ def add_journal_parser(
 ) -> None:
     """The ``journal`` command, under ``sub``."""
     j = sub.add_parser("journal", parents=[common], help="the journal's partitions")
-    what = j.add_subparsers(dest="journal_command", required=True)
-    what.add_parser("partitions", parents=[common], help="list them, oldest first, with row estimates")
+    what = j.add_subparsers(dest="journal_command", metavar="COMMAND", required=False)
+    what.add_parser(
+        "partitions", parents=[common], help="list them, oldest first, with estimates (the default)"
+    )
     what.add_parser("ensure", parents=[common], help="make them ahead of the clock (workers do)")
 
 
