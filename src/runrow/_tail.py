@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from contextlib import AsyncExitStack
+from functools import partial
 from typing import TYPE_CHECKING
 
 import anyio
@@ -19,6 +20,7 @@ from ._gateway import tail as _gw
 from ._gateway._exec import configure_own, run
 from ._json import parse_run_id
 from ._names import DEFAULT_SCHEMA, Channels, check_schema
+from ._replica import ReplicaReader
 from ._status import TERMINAL
 from ._tailbatch import batcher
 from ._tailtree import tail_tree
@@ -47,6 +49,8 @@ async def tail(
     batch: int = 500,
     prepared_statements: bool = True,
     tree: bool = False,
+    read_from: Database | None = None,
+    replica_lag_budget: float = 2.0,
 ) -> AsyncIterator[Event]:
     """Yields the run's events after ``from_seq``, live, until its terminal event.
 
@@ -74,9 +78,21 @@ async def tail(
     stream ends after the root's ending, which comes once every run of the tree has
     ended. A child's id is refused (tail its root's tree); a root's retry reads its
     root's tree. Reading a tree writes its order down (see ``runrow._tailtree``): it
-    needs the primary.
+    needs the primary: ``read_from`` with ``tree=True`` is refused (:class:`InvalidInput`).
+
+    ``read_from`` (a conninfo, pool or connection of a hot standby of ``db``) serves the
+    events and the run's ending from the standby; ``db`` stays the primary, for the hub
+    and for the reads the standby cannot serve. A tail's first read, and a read a
+    notification asked for, go to the standby once it has replayed what the primary had
+    then, or, past ``replica_lag_budget`` seconds, to the primary; a standby that cannot be
+    reached sends the reads to the primary until it is back. A lagging standby only makes
+    events late: none is skipped or repeated (see ``runrow._replica``).
     """
     rid = check_tail(run_id, from_seq=from_seq, keepalive=keepalive, poll=poll, schema=schema)
+    if read_from is not None and tree:
+        raise InvalidInput("read_from", "a tree's tail writes its order down: it reads the primary only")
+    if replica_lag_budget < 0:
+        raise InvalidInput("replica_lag_budget", "must be zero or more seconds")
     if tree:
         async for event in tail_tree(
             db,
@@ -99,6 +115,10 @@ async def tail(
         if hub is not None and hub.running:
             sub = await stack.enter_async_context(hub.subscribe(Channels.for_schema(schema).events(rid)))
         stack.push_async_callback(_close_all, conn_box)
+        replica = None
+        if read_from is not None:
+            replica = ReplicaReader(db, read_from, schema, replica_lag_budget, prepared_statements, read_plan)
+            stack.push_async_callback(replica.close)
         idle_since = _aio.now()
         backoff = poll
         # A connected hub's hints are trusted (an idle tail then waits for one, up to
@@ -115,7 +135,24 @@ async def tail(
             read = False
             try:
                 # (schema_guard's work, without a context manager per read: see _db.)
-                rows, state = await _read(db, conn_box, own, schema, rid, cursor, batch, prepared_statements)
+                if replica is None:
+                    rows, state = await _read(
+                        db, conn_box, own, schema, rid, cursor, batch, prepared_statements
+                    )
+                else:
+                    # A first read, or one after a notification (a continuation's too:
+                    # the hint is consumed by this read), must see what the primary had
+                    # then; any other may be late (see _replica).
+                    synced = not caught_up or hints != heard
+                    rows, state = await replica.read(
+                        rid,
+                        cursor,
+                        batch,
+                        woken_at=_aio.now() if synced else None,
+                        primary=partial(
+                            _read, db, conn_box, own, schema, rid, cursor, batch, prepared_statements
+                        ),
+                    )
                 read = True
             except MISSING_SCHEMA as exc:
                 raise await out_of_date(db, schema) from exc

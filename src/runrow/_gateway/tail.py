@@ -85,3 +85,15 @@ def read_events_many(
         assert events is not None
         events.append(Event(seq, type_, payload))
     return out
+
+
+def primary_wal_lsn(schema: str) -> Plan[str]:
+    """Where the primary's WAL ends now (see sql/replica.sql)."""
+    rows = yield Query(_sql.statement("primary_wal_lsn", schema), None)
+    return str(rows[0][0])
+
+
+def replica_replayed(schema: str, *, lsn: str) -> Plan[bool]:
+    """Whether a standby has replayed its primary's WAL up to ``lsn`` (true off recovery)."""
+    rows = yield Query(_sql.statement("replica_replayed", schema), {"lsn": lsn})
+    return bool(rows[0][0])

@@ -82,6 +82,7 @@ def create_api(
     title: str = "runrow API",
     allowed_origins: Collection[str] = (),
     tree_streams: bool = False,
+    read_pool: AsyncConnectionPool[Any] | None = None,
 ) -> Starlette:
     """The API as a Starlette app, to mount (``app.mount("/chat", create_api(...))``).
 
@@ -98,6 +99,10 @@ def create_api(
     (its sub-agents as parts, see :mod:`runrow.protocols`) rather than its run alone; a
     tree's reads write its order down (``tail(..., tree=True)``), so this is opt-in for
     hosts whose agents spawn. ``GET /v1/runs/{id}/events?tree=true`` is always there.
+    ``read_pool``: a pool on a hot standby of ``pool``'s server; the event streams read
+    their events there (``tail(..., read_from=read_pool)``; a tree's stream stays on the
+    primary), everything else stays on ``pool``. Give it a short ``timeout``: a standby
+    that is down is noticed when a connection cannot be had.
 
     Against other sites' pages (cookie sign-in sends the cookie whatever page asks): a
     body is read only when sent as ``application/json`` (else 415), and a request that
@@ -122,6 +127,7 @@ def create_api(
         conversation_extras=conversation_extras,
         max_chat_body_bytes=max_chat_body_bytes,
         tree_streams=tree_streams,
+        read_pool=read_pool,
     )
     conversations, runs, chat = ConversationRoutes(api), RunRoutes(api), ChatEndpoints(api)
     routes = [

@@ -62,8 +62,10 @@ class Endpoints:
         conversation_extras: Callable[[str], Awaitable[Mapping[str, Any]]] | None,
         max_chat_body_bytes: int,
         tree_streams: bool = False,
+        read_pool: AsyncConnectionPool[Any] | None = None,
     ) -> None:
         self.pool = pool
+        self.read_pool = read_pool
         self.authenticate = authenticate
         self.hub = hub
         self.schema = schema

@@ -140,6 +140,7 @@ class ChatEndpoints:
             hub=api.hub,
             keepalive=api.keepalive,
             schema=api.schema,
+            read_from=api.read_pool,
             tree=api.tree_streams,
         )
         response.headers["x-runrow-run-id"] = str(run.id)
@@ -222,6 +223,7 @@ class ChatEndpoints:
             hub=api.hub,
             keepalive=api.keepalive,
             schema=api.schema,
+            read_from=api.read_pool,
             tree=api.tree_streams and info.root_run_id is None,
         )
         response.headers["x-runrow-run-id"] = str(info.id)

@@ -140,6 +140,7 @@ class RunRoutes:
             keepalive=self.api.keepalive,
             schema=self.api.schema,
             tree=tree,
+            read_from=self.api.read_pool,
         )
 
     @documented(

@@ -98,17 +98,23 @@ async def stream_run(
     keepalive: float,
     schema: str,
     tree: bool = False,
+    read_from: AsyncConnectionPool[Any] | None = None,
 ) -> Response:
     """The response for one run's stream from ``cursor`` (204 when a finished run has
-    nothing more); with ``tree``, the stream of the tree it is the root of."""
+    nothing more); with ``tree``, the stream of the tree it is the root of. ``read_from``:
+    a hot standby's pool the run's events are read from (a tree's are read on the primary:
+    its reads write)."""
+    replica = None if tree else read_from
     if fmt == RUNROW_FORMAT:
         return await _runrow_stream(
-            pool, info, cursor.seq, hub=hub, keepalive=keepalive, schema=schema, tree=tree
+            pool, info, cursor.seq, hub=hub, keepalive=keepalive, schema=schema, tree=tree, read_from=replica
         )
     encoder = ProtocolStream(
         fmt, run_id=info.id, conversation_id=info.conversation_id, after=cursor, tree=tree
     )
-    events = runrow.tail(pool, info.id, from_seq=0, hub=hub, keepalive=keepalive, schema=schema, tree=tree)
+    events = runrow.tail(
+        pool, info.id, from_seq=0, hub=hub, keepalive=keepalive, schema=schema, tree=tree, read_from=replica
+    )
     headers = {**_NO_STORE, **encoder.headers}
     if info.terminal:
         # Finished: read up to the first frame to send, so that nothing-left is a 204 and
@@ -167,9 +173,17 @@ async def _runrow_stream(
     keepalive: float,
     schema: str,
     tree: bool,
+    read_from: AsyncConnectionPool[Any] | None,
 ) -> Response:
     events = runrow.tail(
-        pool, info.id, from_seq=start, hub=hub, keepalive=keepalive, schema=schema, tree=tree
+        pool,
+        info.id,
+        from_seq=start,
+        hub=hub,
+        keepalive=keepalive,
+        schema=schema,
+        tree=tree,
+        read_from=read_from,
     )
     first: runrow.Event | None = None
     if info.terminal:
