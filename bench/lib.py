@@ -468,3 +468,17 @@ async def timed(fn: Callable[[], Awaitable[Any]]) -> float:
     t0 = time.perf_counter()
     await fn()
     return time.perf_counter() - t0
+
+
+async def journal_partitions_from(conn: psycopg.AsyncConnection, schema: str, ago: Any) -> None:
+    """Remakes a fresh schema's journal partitions (schema 20 on) to start ``ago`` (a
+    timedelta) before now and run contiguously past it: a load of runs made in the past
+    needs them. Only for a schema with no run yet."""
+    s = sql.Identifier(schema)
+    for part in await runrow.journal_partitions(conn, schema=schema):
+        if part.starts is not None:
+            name = sql.Identifier(schema, part.name)
+            await conn.execute(sql.SQL("ALTER TABLE {}.run_event DETACH PARTITION {}").format(s, name))
+            await conn.execute(sql.SQL("DROP TABLE {}").format(name))
+    await conn.execute(sql.SQL("SELECT {}.journal_ensure_partitions(now() - %s)").format(s), (ago,))
+    await runrow.ensure_journal_partitions(conn, schema=schema)

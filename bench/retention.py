@@ -57,6 +57,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     sys.path.insert(0, str(args.src.resolve()))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
     print(json.dumps(asyncio.run(_measure(args)), indent=2))
 
 
@@ -79,17 +80,9 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
         async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
             await conn.execute("CREATE EXTENSION IF NOT EXISTS pgstattuple")
             if partitioned:  # partitions from DAYS ago: the load makes runs in the past
-                for part in await runrow.journal_partitions(conn):
-                    if part.starts is not None:
-                        name = sql.Identifier("runrow", part.name)
-                        await conn.execute(
-                            sql.SQL("ALTER TABLE {}.run_event DETACH PARTITION {}").format(s, name)
-                        )
-                        await conn.execute(sql.SQL("DROP TABLE {}").format(name))
-                await conn.execute(
-                    sql.SQL("SELECT {}.journal_ensure_partitions(now() - %s)").format(s),
-                    (timedelta(days=args.days),),
-                )
+                from lib import journal_partitions_from
+
+                await journal_partitions_from(conn, "runrow", timedelta(days=args.days))
             make_id = (
                 sql.SQL("{}.run_id_at(g.made)").format(s) if partitioned else sql.SQL("gen_random_uuid()")
             )

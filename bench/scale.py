@@ -35,6 +35,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
 
 AVG_EVENTS = 375  # the mean of a log-uniform 10..2000
 
@@ -88,6 +89,7 @@ async def _timed(fn: Any, n: int) -> dict[str, float]:
 
 async def measure(events: int, server: str) -> dict[str, Any]:
     import psycopg
+    from lib import journal_partitions_from
     from psycopg import sql
     from psycopg_pool import AsyncConnectionPool
 
@@ -106,17 +108,7 @@ async def measure(events: int, server: str) -> dict[str, Any]:
         async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
             await conn.execute("CREATE EXTENSION IF NOT EXISTS pgstattuple")
             # Partitions from three days ago: the load makes runs in the past.
-            for part in await runrow.journal_partitions(conn):
-                if part.starts is not None:
-                    name = sql.Identifier("runrow", part.name)
-                    await conn.execute(
-                        sql.SQL("ALTER TABLE {}.run_event DETACH PARTITION {}").format(s, name)
-                    )
-                    await conn.execute(sql.SQL("DROP TABLE {}").format(name))
-            await conn.execute(
-                sql.SQL("SELECT {}.journal_ensure_partitions(now() - interval '3 days')").format(s)
-            )
-            await runrow.ensure_journal_partitions(conn)
+            await journal_partitions_from(conn, "runrow", timedelta(days=3))
             started = time.perf_counter()
             await conn.execute(sql.SQL(LOAD_RUNS).format(s=s), {"runs": max(10, events // AVG_EVENTS)})
             await conn.execute(sql.SQL(LOAD_EVENTS).format(s=s), {})
@@ -168,9 +160,9 @@ async def measure(events: int, server: str) -> dict[str, Any]:
 
             out["enqueue"] = await _timed(enqueue, 200)
 
-            async def claim() -> None:
+            async def claim_one() -> Any:
                 async with pool.connection() as c:
-                    await claims.claim(
+                    return await claims.claim(
                         c,
                         "runrow",
                         order="fair",
@@ -183,7 +175,7 @@ async def measure(events: int, server: str) -> dict[str, Any]:
                         agent_keys=(),
                     )
 
-            out["claim"] = await _timed(claim, 200)
+            out["claim"] = await _timed(claim_one, 200)
             it = iter(samples)
 
             async def first_read() -> None:
@@ -193,19 +185,7 @@ async def measure(events: int, server: str) -> dict[str, Any]:
 
             out["tail first read (~200 events)"] = await _timed(first_read, len(samples))
             # A live wake: a claimed run's tail, woken by appends with their NOTIFY.
-            async with pool.connection() as c:
-                (live,) = await claims.claim(
-                    c,
-                    "runrow",
-                    order="fair",
-                    limit=1,
-                    lease_seconds=300,
-                    worker_id="bench",
-                    now=None,
-                    retry_policy=None,
-                    version=None,
-                    agent_keys=(),
-                )
+            (live,) = await claim_one()
             seen: asyncio.Queue[int] = asyncio.Queue()
 
             async def follow() -> None:

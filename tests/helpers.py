@@ -119,10 +119,8 @@ async def enqueue_turn(dsn: str, schema: str, conversation: str, **kw: Any) -> A
     )
 
 
-async def hourly_partitions(conn: psycopg.AsyncConnection, schema: str, *, premake: int = 2) -> None:
-    """Cuts a fresh schema's journal by the hour instead of the day, before any run is
-    made: drops its (empty) time partitions and makes hourly ones from the current hour,
-    so that a test travelling a day or two ahead knows which partitions expire."""
+async def drop_time_partitions(conn: psycopg.AsyncConnection, schema: str) -> None:
+    """Detaches and drops every time partition of a schema's journal (not the legacy one)."""
     for row in await runrow.journal_partitions(conn, schema=schema):
         if row.starts is not None:
             await conn.execute(
@@ -131,6 +129,13 @@ async def hourly_partitions(conn: psycopg.AsyncConnection, schema: str, *, prema
                 )
             )
             await conn.execute(sql.SQL("DROP TABLE {}").format(table(schema, row.name)))
+
+
+async def hourly_partitions(conn: psycopg.AsyncConnection, schema: str, *, premake: int = 2) -> None:
+    """Cuts a fresh schema's journal by the hour instead of the day, before any run is
+    made: drops its (empty) time partitions and makes hourly ones from the current hour,
+    so that a test travelling a day or two ahead knows which partitions expire."""
+    await drop_time_partitions(conn, schema)
     await conn.execute(
         sql.SQL("UPDATE {} SET partition_seconds = 3600, premake = %s").format(
             table(schema, "journal_settings")

@@ -20,7 +20,16 @@ import runrow.sync
 from runrow._names import Channels
 
 from . import manual
-from .helpers import assert_journal_sound, events, hourly_partitions, is_terminal, run_row, table, wait_for
+from .helpers import (
+    assert_journal_sound,
+    drop_time_partitions,
+    events,
+    hourly_partitions,
+    is_terminal,
+    run_row,
+    table,
+    wait_for,
+)
 
 pytestmark = pytest.mark.anyio
 FAST = {"poll": 0.5, "heartbeat": 0.2, "lease": 2.0, "grace": 1.0, "reap_interval": 0.2}
@@ -522,14 +531,7 @@ async def test_an_enqueue_with_no_partition_for_now_names_the_fix_and_writes_not
 ) -> None:
     """If no worker nor migrate made partitions for a long while, the journal has none
     for runs made now: the enqueue is refused whole, with the fix in the message."""
-    for part in await runrow.journal_partitions(conn, schema=schema):
-        if part.starts is not None:
-            await conn.execute(
-                sql.SQL("ALTER TABLE {} DETACH PARTITION {}").format(
-                    table(schema, "run_event"), table(schema, part.name)
-                )
-            )
-            await conn.execute(sql.SQL("DROP TABLE {}").format(table(schema, part.name)))
+    await drop_time_partitions(conn, schema)
     with pytest.raises(runrow.JournalPartitionMissing, match="ensure_journal_partitions"):
         await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="hi")
     cur = await conn.execute(sql.SQL("SELECT count(*) FROM {}").format(table(schema, "agent_run")))

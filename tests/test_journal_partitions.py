@@ -17,7 +17,7 @@ from psycopg import sql
 
 import runrow
 
-from .helpers import assert_journal_sound, table
+from .helpers import assert_journal_sound, drop_time_partitions, table
 
 pytestmark = pytest.mark.anyio
 
@@ -204,14 +204,7 @@ async def test_dropping_old_partitions_leaves_live_runs_and_their_tails_whole(ds
     s = sql.Identifier(schema)
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         # Hourly partitions from 30 hours ago (made before any run, as a backfill would).
-        for part in await runrow.journal_partitions(conn, schema=schema):
-            if part.starts is not None:
-                await conn.execute(
-                    sql.SQL("ALTER TABLE {} DETACH PARTITION {}").format(
-                        table(schema, "run_event"), table(schema, part.name)
-                    )
-                )
-                await conn.execute(sql.SQL("DROP TABLE {}").format(table(schema, part.name)))
+        await drop_time_partitions(conn, schema)
         await conn.execute(
             sql.SQL("UPDATE {}.journal_settings SET partition_seconds = 3600, premake = 2").format(s)
         )

@@ -76,22 +76,24 @@ async def _ddl_conn(db: Database) -> AsyncIterator[tuple[AsyncConnection, bool]]
         async with await AsyncConnection.connect(db, autocommit=True) as conn:
             yield conn, True
     elif isinstance(db, AsyncConnectionPool):
-        async with db.connection() as conn:
-            was = conn.autocommit
-            await conn.set_autocommit(True)
-            try:
-                yield conn, True
-            finally:
-                await conn.set_autocommit(was)
+        async with db.connection() as conn, _autocommit(conn):
+            yield conn, True
     elif db.info.transaction_status == TransactionStatus.IDLE:
-        was = db.autocommit
-        await db.set_autocommit(True)
-        try:
+        async with _autocommit(db):
             yield db, True
-        finally:
-            await db.set_autocommit(was)
     else:
         yield db, False
+
+
+@asynccontextmanager
+async def _autocommit(conn: AsyncConnection) -> AsyncIterator[None]:
+    """``conn`` in autocommit for the block, then as it was."""
+    was = conn.autocommit
+    await conn.set_autocommit(True)
+    try:
+        yield
+    finally:
+        await conn.set_autocommit(was)
 
 
 async def drop_expired_partitions(
