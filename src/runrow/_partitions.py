@@ -98,11 +98,11 @@ async def _autocommit(conn: AsyncConnection) -> AsyncIterator[None]:
 
 async def drop_expired_partitions(
     db: Database, *, schema: str, retention_seconds: float, now: datetime | None
-) -> tuple[int, int]:
+) -> int:
     """Detaches and drops every partition whose runs are all trimmed and were made
-    before the cutoff (after :func:`runrow.trim`'s per-run pass marked them). Returns
-    the partitions dropped and the sum of their row estimates."""
-    dropped = rows = 0
+    before the cutoff (after :func:`runrow.trim`'s per-run pass marked them), and any a
+    detach left half done. Returns how many it dropped."""
+    dropped = 0
     async with schema_guard(db, schema), _ddl_conn(db) as (conn, concurrently):
         for name in await run(conn, _gw.detach_pending(schema)):
             await run(conn, _gw.finish_detach(schema, name))  # (left half done before)
@@ -115,5 +115,4 @@ async def drop_expired_partitions(
             await run(conn, _gw.drop(schema, name))
             log.info("dropped journal partition %s.%s (about %d events)", schema, name, estimate)
             dropped += 1
-            rows += estimate
-    return dropped, rows
+    return dropped

@@ -57,7 +57,7 @@ async def trim(
         events += done.events
         if done.runs < batch:
             break
-    partitions, _ = await drop_expired_partitions(
+    partitions = await drop_expired_partitions(
         db, schema=schema, retention_seconds=retention.total_seconds(), now=now
     )
     return TrimResult(runs, events, partitions)
