@@ -162,11 +162,29 @@ def _tail(dsn: str, schema: str, run_id: str) -> subprocess.Popen[str]:
             schema,
         ],
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+        # (PYTHONFAULTHANDLER: a SIGABRT makes a stuck tail print where it is.)
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src"), "PYTHONFAULTHANDLER": "1"},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def _stuck(proc: subprocess.Popen[str]) -> str:
+    """What a process that did not exit was doing: its signal masks (pending, blocked,
+    ignored, caught) and, after a SIGABRT, its Python threads' stacks."""
+    status = Path(f"/proc/{proc.pid}/status").read_text()
+    masks = " ".join(
+        line
+        for line in status.splitlines()
+        if line.startswith(("SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt"))
+    )
+    proc.send_signal(signal.SIGABRT)
+    try:
+        _, err = proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        err = "(no stack: it did not die on SIGABRT either)"
+    return f"{masks}\n{err}"
 
 
 async def test_exit_130_on_ctrl_c_without_a_traceback(dsn: str, schema: str) -> None:
@@ -178,7 +196,10 @@ async def test_exit_130_on_ctrl_c_without_a_traceback(dsn: str, schema: str) -> 
         for _ in range(2):
             await anyio.to_thread.run_sync(proc.stdout.readline)
         proc.send_signal(signal.SIGINT)
-        _, err = await anyio.to_thread.run_sync(lambda: proc.communicate(timeout=30))
+        try:
+            _, err = await anyio.to_thread.run_sync(lambda: proc.communicate(timeout=30))
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the tail did not exit within 30 s of SIGINT: {_stuck(proc)}")
     finally:
         _reap(proc)
     assert (proc.returncode, err) == (130, "")
