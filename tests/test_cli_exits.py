@@ -170,15 +170,20 @@ def _tail(dsn: str, schema: str, run_id: str) -> subprocess.Popen[str]:
     )
 
 
-def _stuck(proc: subprocess.Popen[str]) -> str:
-    """What a process that did not exit was doing: its signal masks (pending, blocked,
-    ignored, caught) and, after a SIGABRT, its Python threads' stacks."""
-    status = Path(f"/proc/{proc.pid}/status").read_text()
-    masks = " ".join(
+def _masks(pid: int | str) -> str:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return " ".join(
         line
         for line in status.splitlines()
         if line.startswith(("SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt"))
     )
+
+
+def _stuck(proc: subprocess.Popen[str]) -> str:
+    """What a process that did not exit was doing: its signal masks (pending, blocked,
+    ignored, caught) and this test process's (which it inherited), and, after a
+    SIGABRT, its Python threads' stacks."""
+    masks = f"tail: {_masks(proc.pid)}; test process: {_masks('self')}"
     proc.send_signal(signal.SIGABRT)
     try:
         _, err = proc.communicate(timeout=10)
