@@ -167,7 +167,16 @@ def _tail(dsn: str, schema: str, run_id: str) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_as_a_terminals_foreground_job,
     )
+
+
+def _as_a_terminals_foreground_job() -> None:
+    """Ctrl-C reaches a command run from a terminal with SIGINT at its default. A shell
+    starts a background job with SIGINT ignored instead, and its children inherit that
+    (Python then leaves it ignored): under a test run started as one, the tail would
+    never see the test's SIGINT."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _masks(pid: int | str) -> str:
