@@ -239,3 +239,44 @@ async def test_random_lag_under_many_tails_skips_and_repeats_nothing(pair: tuple
             seqs = await journal(conn, schema, rid)
             assert got[rid][0] == seqs
             assert got[rid][1] == [q for q in seqs if q > 2]
+
+
+async def test_a_failover_to_the_promoted_standby_loses_and_repeats_nothing() -> None:
+    """The primary stops mid-stream and its standby is promoted (a failover): the run
+    goes on on the new primary, and the tail, whose primary is gone, reads the promoted
+    standby, which holds its own WAL now, to the run's ending. No event is skipped or
+    repeated. (A standby promoted while the old primary keeps taking writes, a split
+    brain, holds none of those writes; no tail can be right there.)"""
+    pairs = primary_and_standby()  # (its own pair: the standby does not stay one)
+    primary, standby = next(pairs)
+    try:
+        p, s = primary.conninfo(), standby.conninfo()
+        schema = f"t_{uuid.uuid4().hex[:12]}"
+        await runrow.migrate(p, schema=schema)
+        got: list[int] = []
+        async with await psycopg.AsyncConnection.connect(p, autocommit=True) as conn:
+            w = Writer(conn, schema)
+            rid = await w.start()
+            with anyio.fail_after(60):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(collect, runrow.tail(p, rid, schema=schema, read_from=s, keepalive=1), got)
+                    for _ in range(10):
+                        await w.event(rid)
+                        await anyio.sleep(0.02)
+                    with anyio.fail_after(30):
+                        while not replayed(s, p):
+                            await anyio.sleep(0.05)
+                    await anyio.to_thread.run_sync(primary.stop)
+                    async with await psycopg.AsyncConnection.connect(s, autocommit=True) as promoted:
+                        await promoted.execute("SELECT pg_promote(wait => true)")
+                        after = Writer(promoted, schema)  # the same run, on the new primary
+                        after.tokens, after.next = w.tokens, w.next
+                        for _ in range(10):
+                            await after.event(rid)
+                            await anyio.sleep(0.02)
+                        await after.finish(rid)
+                        whole = await journal(promoted, schema, rid)
+        assert whole == list(range(1, 2 + 20 + 2))  # the submission's 2, 20, the ending
+        assert got == whole
+    finally:
+        pairs.close()
