@@ -72,12 +72,14 @@ def primary_and_standby() -> Iterator[tuple[EmbeddedPostgres, EmbeddedPostgres]]
 
 
 def replayed(standby_dsn: str, primary_dsn: str) -> bool:
-    """Whether the standby has replayed everything the primary has written so far."""
+    """Whether the standby has replayed everything the primary has written so far. (The
+    insert position: the test servers commit with synchronous_commit off, so a commit may
+    still sit in the WAL buffers, past pg_current_wal_lsn(), as sql/replica.sql says.)"""
     with (
         psycopg.connect(primary_dsn, autocommit=True) as p,
         psycopg.connect(standby_dsn, autocommit=True) as s,
     ):
-        lsn = p.execute("SELECT pg_current_wal_lsn()").fetchone()
+        lsn = p.execute("SELECT pg_current_wal_insert_lsn()").fetchone()
         assert lsn is not None
         row = s.execute("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (lsn[0],)).fetchone()
         return bool(row and row[0])

@@ -16,6 +16,7 @@ import psycopg
 import pytest
 
 import runrow
+import runrow.sync
 from runrow import _replica
 from runrow._events import KEEPALIVE
 
@@ -280,3 +281,32 @@ async def test_a_failover_to_the_promoted_standby_loses_and_repeats_nothing() ->
         assert got == whole
     finally:
         pairs.close()
+
+
+async def test_a_sync_tail_on_the_standby_reads_exactly_the_journal(pair: tuple[str, str, str]) -> None:
+    """runrow.sync.tail(read_from=): a polling tail reads the standby; late, never wrong."""
+    p, s, schema = pair
+    before = dict(_replica.STATS)
+    async with await psycopg.AsyncConnection.connect(p, autocommit=True) as conn:
+        w = Writer(conn, schema)
+        rid = await w.start()
+        got: list[int] = []
+
+        def follow() -> None:
+            for e in runrow.sync.tail(p, rid, schema=schema, read_from=s, poll=0.02, keepalive=1):
+                if e.type != KEEPALIVE:
+                    got.append(e.seq)
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(anyio.to_thread.run_sync, follow)
+                for _ in range(30):
+                    await w.event(rid)
+                    await anyio.sleep(0.01)
+                await w.finish(rid)
+        assert got == await journal(conn, schema, rid)
+        assert len(got) == 2 + 30 + 1
+    with pytest.raises(runrow.InvalidInput, match="read_from"):
+        runrow.sync.tail(p, rid, schema=schema, read_from=s, tree=True)
+    # (The async tail's counters are its own: the sync tail reads no LSN.)
+    assert _replica.STATS["lsn_reads"] == before["lsn_reads"]

@@ -38,9 +38,11 @@ from . import (
 )
 from ._db import describe
 from ._enqueue_options import DEFAULT_MAX_CONTENT_BYTES, EnqueueOptions, OnBusy
+from ._errors import InvalidInput, RunNotFound
 from ._events import KEEPALIVE, TERMINAL_EVENT, Event
 from ._gateway._exec import configure_own_sync, run_sync
 from ._names import DEFAULT_SCHEMA
+from ._replica import RETRY as REPLICA_RETRY
 from ._tail import check_tail, read_plan, settle
 from ._tailtree import tail_tree_sync
 
@@ -218,6 +220,7 @@ def tail(
     batch: int = 500,
     prepared_statements: bool = True,
     tree: bool = False,
+    read_from: SyncDatabase | None = None,
 ) -> Iterator[Event]:
     """Yields the run's events after ``from_seq`` until its terminal event, polling.
 
@@ -231,8 +234,14 @@ def tail(
     (``prepared_statements=False`` for a transaction-pooling pgbouncer); with a pool it
     takes a connection per read and holds none while it waits. ``tree=True``: the
     stream of the tree a root turn spawned, as :func:`runrow.tail` gives it.
+    ``read_from`` (a hot standby of ``db``) serves the reads: a polling tail waits for
+    no notification, so a standby that lags only makes events late (a standby behind the
+    tail's cursor reads as "nothing yet"); while it cannot be reached the reads go to
+    ``db``, trying the standby again after a second. Not with ``tree=True``.
     """
     rid = check_tail(run_id, from_seq=from_seq, keepalive=keepalive, poll=poll, schema=schema)
+    if read_from is not None and tree:
+        raise InvalidInput("read_from", "a tree's tail writes its order down: it reads the primary only")
     if tree:
         return tail_tree_sync(
             db,
@@ -244,7 +253,7 @@ def tail(
             batch=batch,
             prepared_statements=prepared_statements,
         )
-    return _tail(db, rid, from_seq, keepalive, poll, schema, batch, prepared_statements)
+    return _tail(db, rid, from_seq, keepalive, poll, schema, batch, prepared_statements, read_from)
 
 
 def _tail(
@@ -256,21 +265,54 @@ def _tail(
     schema: str,
     batch: int,
     prepared_statements: bool,
+    read_from: SyncDatabase | None = None,
 ) -> Iterator[Event]:
     """The tail's loop (its arguments checked)."""
     cursor, backoff, idle_since = from_seq, poll, time.monotonic()
-    own: Connection[Any] | None = None
+    own: list[Connection[Any]] = []  # (the connection of a conninfo, per source)
+    replica: list[Connection[Any]] = []
+    replica_down_until = 0.0
+
+    def read(source: SyncDatabase, box: list[Connection[Any]]) -> tuple[list[Event], Any]:
+        if isinstance(source, str) and (not box or box[0].closed):
+            box[:] = [
+                Connection.connect(
+                    source, autocommit=True, prepare_threshold=5 if prepared_statements else None
+                )
+            ]
+            if prepared_statements:  # a direct connection (see configure_own)
+                configure_own_sync(box[0])
+        with _syncdb.schema_guard(source, schema), _syncdb.statement_conn(box[0] if box else source) as conn:
+            return run_sync(conn, read_plan(schema, rid, cursor, batch))
+
     try:
         while True:
             try:
-                if isinstance(db, str) and (own is None or own.closed):
-                    own = Connection.connect(
-                        db, autocommit=True, prepare_threshold=5 if prepared_statements else None
-                    )
-                    if prepared_statements:  # a direct connection (see configure_own)
-                        configure_own_sync(own)
-                with _syncdb.schema_guard(db, schema), _syncdb.statement_conn(own or db) as conn:
-                    rows, state = run_sync(conn, read_plan(schema, rid, cursor, batch))
+                if read_from is not None and time.monotonic() >= replica_down_until:
+                    try:
+                        try:
+                            rows, state = read(read_from, replica)
+                        except RunNotFound:  # (made on the primary, not replayed here yet)
+                            rows, state = read(db, own)
+                        if (
+                            not rows
+                            and state is not None
+                            and state.last_seq is not None
+                            and cursor > state.last_seq
+                        ):
+                            state = None  # the standby is behind this tail's cursor: nothing yet
+                    except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                        log.warning(
+                            "tail of run %s cannot read the replica (%s); reading the primary",
+                            rid,
+                            describe(exc),
+                        )
+                        for c in replica:
+                            c.close()
+                        replica_down_until = time.monotonic() + REPLICA_RETRY
+                        rows, state = read(db, own)
+                else:
+                    rows, state = read(db, own)
                 backoff = poll
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                 # As the async tail: wait the database out, reconnecting as needed.
@@ -280,8 +322,8 @@ def _tail(
                     describe(exc),
                     extra={"run_id": str(rid)},
                 )
-                if own is not None:
-                    own.close()
+                for c in own:
+                    c.close()
                 if isinstance(db, ConnectionPool):
                     db.check()  # weed out the pool's dead connections
                 rows, state, backoff = [], None, min(backoff * 2, keepalive)
@@ -303,8 +345,8 @@ def _tail(
                 idle_since = now
             time.sleep(min(backoff, max(0.0, idle_since + keepalive - now)))
     finally:
-        if own is not None:
-            own.close()
+        for c in own + replica:
+            c.close()
 
 
 def add_schedule(
