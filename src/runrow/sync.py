@@ -15,13 +15,7 @@ Workers (:class:`runrow.Dispatcher`) stay asynchronous.
 
 from __future__ import annotations
 
-import logging
-import time
 from typing import TYPE_CHECKING, Any
-
-import psycopg
-from psycopg import Connection
-from psycopg_pool import ConnectionPool
 
 from . import (
     _enqueue,
@@ -36,14 +30,11 @@ from . import (
     _usage,
     _webhooks,
 )
-from ._db import describe
 from ._enqueue_options import DEFAULT_MAX_CONTENT_BYTES, EnqueueOptions, OnBusy
-from ._errors import InvalidInput, RunNotFound
-from ._events import KEEPALIVE, TERMINAL_EVENT, Event
-from ._gateway._exec import configure_own_sync, run_sync
+from ._errors import InvalidInput
 from ._names import DEFAULT_SCHEMA
-from ._replica import RETRY as REPLICA_RETRY
-from ._tail import check_tail, read_plan, settle
+from ._tail import check_tail
+from ._tailsync import tail_sync
 from ._tailtree import tail_tree_sync
 
 if TYPE_CHECKING:
@@ -51,6 +42,7 @@ if TYPE_CHECKING:
     from collections.abc import Collection, Iterator
     from datetime import datetime, timedelta
 
+    from ._events import Event
     from ._gateway.inputs import PendingInput
     from ._models import (
         QueuePosition,
@@ -98,8 +90,6 @@ __all__ = [
     "waiting_inputs",
     "webhook_deliveries",
 ]
-
-log = logging.getLogger("runrow.journal")
 
 
 def enqueue(
@@ -253,100 +243,7 @@ def tail(
             batch=batch,
             prepared_statements=prepared_statements,
         )
-    return _tail(db, rid, from_seq, keepalive, poll, schema, batch, prepared_statements, read_from)
-
-
-def _tail(
-    db: SyncDatabase,
-    rid: uuid.UUID,
-    from_seq: int,
-    keepalive: float,
-    poll: float,
-    schema: str,
-    batch: int,
-    prepared_statements: bool,
-    read_from: SyncDatabase | None = None,
-) -> Iterator[Event]:
-    """The tail's loop (its arguments checked)."""
-    cursor, backoff, idle_since = from_seq, poll, time.monotonic()
-    own: list[Connection[Any]] = []  # (the connection of a conninfo, per source)
-    replica: list[Connection[Any]] = []
-    replica_down_until = 0.0
-
-    def read(source: SyncDatabase, box: list[Connection[Any]]) -> tuple[list[Event], Any]:
-        if isinstance(source, str) and (not box or box[0].closed):
-            box[:] = [
-                Connection.connect(
-                    source, autocommit=True, prepare_threshold=5 if prepared_statements else None
-                )
-            ]
-            if prepared_statements:  # a direct connection (see configure_own)
-                configure_own_sync(box[0])
-        with _syncdb.schema_guard(source, schema), _syncdb.statement_conn(box[0] if box else source) as conn:
-            return run_sync(conn, read_plan(schema, rid, cursor, batch))
-
-    try:
-        while True:
-            try:
-                if read_from is not None and time.monotonic() >= replica_down_until:
-                    try:
-                        try:
-                            rows, state = read(read_from, replica)
-                        except RunNotFound:  # (made on the primary, not replayed here yet)
-                            rows, state = read(db, own)
-                        if (
-                            not rows
-                            and state is not None
-                            and state.last_seq is not None
-                            and cursor > state.last_seq
-                        ):
-                            state = None  # the standby is behind this tail's cursor: nothing yet
-                    except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-                        log.warning(
-                            "tail of run %s cannot read the replica (%s); reading the primary",
-                            rid,
-                            describe(exc),
-                        )
-                        for c in replica:
-                            c.close()
-                        replica_down_until = time.monotonic() + REPLICA_RETRY
-                        rows, state = read(db, own)
-                else:
-                    rows, state = read(db, own)
-                backoff = poll
-            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-                # As the async tail: wait the database out, reconnecting as needed.
-                log.info(
-                    "tail of run %s cannot read (%s); retrying",
-                    rid,
-                    describe(exc),
-                    extra={"run_id": str(rid)},
-                )
-                for c in own:
-                    c.close()
-                if isinstance(db, ConnectionPool):
-                    db.check()  # weed out the pool's dead connections
-                rows, state, backoff = [], None, min(backoff * 2, keepalive)
-            for event in rows:
-                cursor = event.seq
-                yield event
-                if event.type == TERMINAL_EVENT:
-                    return
-            now = time.monotonic()
-            if rows:
-                idle_since = now
-                if len(rows) == batch:
-                    continue
-            elif state is not None and (ending := settle(state, cursor, rid)) is not None:
-                yield from ending
-                return
-            if now - idle_since >= keepalive:
-                yield Event(cursor, KEEPALIVE)
-                idle_since = now
-            time.sleep(min(backoff, max(0.0, idle_since + keepalive - now)))
-    finally:
-        for c in own + replica:
-            c.close()
+    return tail_sync(db, rid, from_seq, keepalive, poll, schema, batch, prepared_statements, read_from)
 
 
 def add_schedule(
