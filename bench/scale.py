@@ -89,12 +89,11 @@ async def _timed(fn: Any, n: int) -> dict[str, float]:
 
 async def measure(events: int, server: str) -> dict[str, Any]:
     import psycopg
-    from lib import journal_partitions_from
+    from lib import journal_partitions_from, statement
     from psycopg import sql
     from psycopg_pool import AsyncConnectionPool
 
     import runrow
-    from runrow import _sql
     from runrow._gateway import claims, journal
     from runrow._names import Channels
     from runrow.embedded import EmbeddedPostgres
@@ -204,9 +203,7 @@ async def measure(events: int, server: str) -> dict[str, Any]:
                     journal.Appended(live.id, live.claim_token, [(seq, "content_delta", '{"delta": "x"}')])
                 ]
                 async with pool.connection() as c:
-                    await c.execute(
-                        _sql.statement("append_events", "runrow"), journal.append_params(batch, ch)
-                    )
+                    await c.execute(statement("append_events", "runrow"), journal.append_params(batch, ch))
                 while await seen.get() != seq:
                     pass
 
@@ -214,7 +211,7 @@ async def measure(events: int, server: str) -> dict[str, Any]:
             follower.cancel()
             middle = backlog[len(backlog) // 2].id
             out["queue_position"] = await _timed(lambda: runrow.queue_position(pool, middle), 100)
-            page = _sql.statement("admin_list_runs", "runrow")
+            page = statement("admin_list_runs", "runrow")
             base = {
                 k: None
                 for k in (
