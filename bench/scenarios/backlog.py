@@ -120,7 +120,14 @@ async def seed(conninfo: str, schema: str, shape: Shape, *, analyze: bool) -> fl
     t0 = time.monotonic()
     s = sql.Identifier(schema)
     async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
-        for t in ("agent_run", "message", "run_event"):
+        # (A partitioned journal takes the setting on its partitions, not on itself.)
+        cur = await conn.execute(
+            "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+            " WHERE i.inhparent = to_regclass(%s)",
+            (sql.SQL("{}.run_event").format(s).as_string(conn),),
+        )
+        parts = [row[0] for row in await cur.fetchall()] or ["run_event"]
+        for t in ("agent_run", "message", *parts):
             await conn.execute(
                 sql.SQL("ALTER TABLE {}.{} SET (autovacuum_enabled = false)").format(s, sql.Identifier(t))
             )

@@ -21,6 +21,9 @@ from runrow._gateway.claims import ClaimedRun
 
 LAST_SEQ = ClaimedRun._fields.index("last_seq")  # the claim's RETURNING column (it grew past it)
 
+# (Run ids: md5s with the version nibble set to 4, as ids made before schema 20 were: an
+# md5 that happened to read as a time-ordered id would route to a journal partition for a
+# made-up time that nobody makes.)
 SEED = """
 INSERT INTO {s}.message (id, conversation_id, role, content, status, user_id, created_at, turn)
 SELECT md5('m' || g)::uuid, 'hist' || (g %% 5000), 'user', '"hello"', 'sent', 'u',
@@ -28,12 +31,12 @@ SELECT md5('m' || g)::uuid, 'hist' || (g %% 5000), 'user', '"hello"', 'sent', 'u
 FROM generate_series(1, %(runs)s) g;
 INSERT INTO {s}.agent_run (id, conversation_id, user_id, user_message_id, status, claim_token,
                            claim_expires_at, worker_id, created_at, started_at, last_heartbeat_at, finished_at)
-SELECT md5('r' || g)::uuid, 'hist' || (g %% 5000), 'u', md5('m' || g)::uuid, 'completed', gen_random_uuid(),
+SELECT overlay(md5('r' || g) PLACING '4' FROM 13 FOR 1)::uuid, 'hist' || (g %% 5000), 'u', md5('m' || g)::uuid, 'completed', gen_random_uuid(),
        now() - interval '29 days', 'seed', now() - interval '30 days' + g * interval '1 ms',
        now() - interval '30 days', now() - interval '30 days', now() - interval '29 days'
 FROM generate_series(1, %(runs)s) g;
 INSERT INTO {s}.run_event (run_id, seq, type, payload)
-SELECT md5('r' || (1 + (g - 1) %% %(runs)s))::uuid, 1 + (g - 1) / %(runs)s,
+SELECT overlay(md5('r' || (1 + (g - 1) %% %(runs)s)) PLACING '4' FROM 13 FOR 1)::uuid, 1 + (g - 1) / %(runs)s,
        CASE WHEN g > %(events)s - %(runs)s THEN 'complete' ELSE 'content_delta' END,
        CASE WHEN g > %(events)s - %(runs)s THEN '{{"status": "completed"}}'::jsonb
             ELSE '{{"delta": "some streamed text of a plausible length"}}'::jsonb END
