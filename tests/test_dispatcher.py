@@ -1170,7 +1170,12 @@ async def test_an_item_the_journal_writer_cannot_encode_fails_alone_not_its_batc
         b = await runrow.enqueue(
             dsn, schema=schema, conversation_id="cb", user_id="u", content=2, tenant_id="B"
         )
-        await wait_for(lambda: {a.id, b.id} <= set(d.in_flight), what="both runs in flight")
+
+        def started() -> bool:  # (in flight once claimed; a run's journal comes as it starts)
+            runs = d._parts.roster.runs
+            return all(r in runs and runs[r].journal is not None for r in (a.id, b.id))
+
+        await wait_for(started, what="both runs started")
         ra, rb = d._parts.roster.runs[a.id], d._parts.roster.runs[b.id]
         ja, jb = ra.journal, rb.journal
         assert ja is not None and jb is not None
