@@ -89,34 +89,22 @@ WITH RECURSIVE lim (n) AS (
     FROM share s LEFT JOIN threshold th ON true
 ), head AS (
     -- Can each tenant's first run start now? (The same checks as the walk below.)
-    SELECT t.tenant_key, t.id, t.priority, t.queue_order,
-           (t.not_before IS NULL OR t.not_before <= coalesce(%(now)s::timestamptz, now()))
-           AND (%(serves_default)s::bool AND t.agent_key IS NULL OR t.agent_key = ANY (%(agent_keys)s::text[]))
-           AND (NOT (SELECT o.any_limit FROM limits_on o) OR NOT EXISTS (  -- limits_open, of t
-               SELECT 1 FROM {schema}.rate_limit l
-               WHERE l.key IN ('tenant:' || t.tenant_key, 'agent:' || t.agent_key, t.limit_key)
-                 AND (l.gate_until > coalesce(%(now)s::timestamptz, clock_timestamp())
-                      OR (l.used >= l.runs
-                          AND l.window_start + make_interval(secs => l.per_seconds)
-                              > coalesce(%(now)s::timestamptz, clock_timestamp())))
-               OFFSET 0))
-           AND (t.root_run_id IS NULL OR %(tree_cap)s::integer IS NULL OR (  -- tree_open, of t
-               SELECT count(*) FROM (SELECT 1 FROM {schema}.agent_run x
-                                     WHERE x.root_run_id = t.root_run_id AND x.status = 'running'
-                                     LIMIT %(tree_cap)s::integer) x) < %(tree_cap)s::integer)
-           AND (NOT %(same_version)s::bool OR t.version IS NOT DISTINCT FROM %(version)s::text
-                   OR (t.resumes = 0 AND (t.lineage_id IS NULL OR NOT EXISTS (
-                       SELECT 1 FROM {schema}.run_step s WHERE s.lineage_id = t.lineage_id OFFSET 0))))
+    SELECT r.tenant_key, r.id, r.priority, r.queue_order,
+           (r.not_before IS NULL OR r.not_before <= coalesce(%(now)s::timestamptz, now()))
+           AND (%(serves_default)s::bool AND r.agent_key IS NULL OR r.agent_key = ANY (%(agent_keys)s::text[]))
+           AND {limits_open}
+           AND {tree_open}
+           AND {version_open}
            AND NOT EXISTS (
                SELECT 1 FROM {schema}.agent_run o
-               WHERE o.conversation_id = t.conversation_id AND o.status IN ('running', 'waiting')
+               WHERE o.conversation_id = r.conversation_id AND o.status IN ('running', 'waiting')
                OFFSET 0)
            AND NOT EXISTS (
                SELECT 1 FROM {schema}.agent_run o
-               WHERE o.conversation_id = t.conversation_id
-                 AND o.status IN {live_status} AND o.queue_order < t.queue_order
+               WHERE o.conversation_id = r.conversation_id
+                 AND o.status IN {live_status} AND o.queue_order < r.queue_order
                OFFSET 0) AS ready
-    FROM tenants t
+    FROM tenants r
 ), ranked AS (
     -- A tenant that offers one run and whose first run is ready offers exactly that run
     -- (k = 1); any other tenant walks its queue from the start, as follows.
@@ -138,9 +126,7 @@ WITH RECURSIVE lim (n) AS (
           AND (%(serves_default)s::bool AND r.agent_key IS NULL OR r.agent_key = ANY (%(agent_keys)s::text[]))
           AND {limits_open}
           AND {tree_open}
-          AND (NOT %(same_version)s::bool OR r.version IS NOT DISTINCT FROM %(version)s::text
-                 OR (r.resumes = 0 AND (r.lineage_id IS NULL OR NOT EXISTS (
-                     SELECT 1 FROM {schema}.run_step s WHERE s.lineage_id = r.lineage_id OFFSET 0))))
+          AND {version_open}
           -- (OFFSET 0 keeps these per-row probes of the conversation's index entries;
           -- planned as an anti-join on stale statistics, one scanned the whole queue for
           -- every queued run. Two probes, not one with "running OR older": that OR was
@@ -195,9 +181,7 @@ WITH RECURSIVE lim (n) AS (
       AND (%(serves_default)s::bool AND r.agent_key IS NULL OR r.agent_key = ANY (%(agent_keys)s::text[]))
       AND {limits_open}
       AND {tree_open}
-      AND (NOT %(same_version)s::bool OR r.version IS NOT DISTINCT FROM %(version)s::text
-           OR (r.resumes = 0 AND (r.lineage_id IS NULL OR NOT EXISTS (
-               SELECT 1 FROM {schema}.run_step s WHERE s.lineage_id = r.lineage_id OFFSET 0))))
+      AND {version_open}
       AND NOT EXISTS (  -- per-row probes (OFFSET 0), as above
           SELECT 1 FROM {schema}.agent_run o
           WHERE o.conversation_id = r.conversation_id AND o.status IN ('running', 'waiting')
@@ -210,7 +194,11 @@ WITH RECURSIVE lim (n) AS (
     ORDER BY r.priority DESC, r.queue_order
     LIMIT (SELECT room FROM solo)
     FOR UPDATE OF r SKIP LOCKED
-), locked AS (
+), locked AS MATERIALIZED (
+    -- (MATERIALIZED: the rows are locked in a step of their own, whatever reads them. A
+    -- variant whose later steps read them once (no tree cap, no rate limit) would
+    -- otherwise have them inlined, row locks and all, into the update's array subquery,
+    -- which crashed PostgreSQL 15 under concurrent claims: tests/test_processes.py.)
     SELECT * FROM solo_candidate
     UNION ALL
     SELECT * FROM fair_candidate WHERE NOT EXISTS (SELECT 1 FROM solo)
@@ -225,7 +213,7 @@ WITH lim (n) AS (
     SELECT %(limit)s::bigint
 ), limits_on (any_limit) AS (
     SELECT EXISTS (SELECT 1 FROM {schema}.rate_limit)
-), locked AS (
+), locked AS MATERIALIZED (  -- (MATERIALIZED: see the fair claim)
     SELECT r.id, r.queue_order, r.tenant_key, r.agent_key, r.limit_key, r.root_run_id
     FROM {schema}.agent_run r
     WHERE r.status = 'queued' AND r.queue_order > 0  -- (agent_run_queued_idx: migration 0003)
@@ -233,9 +221,7 @@ WITH lim (n) AS (
       AND (%(serves_default)s::bool AND r.agent_key IS NULL OR r.agent_key = ANY (%(agent_keys)s::text[]))
       AND {limits_open}
       AND {tree_open}
-      AND (NOT %(same_version)s::bool OR r.version IS NOT DISTINCT FROM %(version)s::text
-           OR (r.resumes = 0 AND (r.lineage_id IS NULL OR NOT EXISTS (
-               SELECT 1 FROM {schema}.run_step s WHERE s.lineage_id = r.lineage_id OFFSET 0))))
+      AND {version_open}
       AND NOT EXISTS (  -- per-row probes (OFFSET 0), as in the fair claim
           SELECT 1 FROM {schema}.agent_run o
           WHERE o.conversation_id = r.conversation_id AND o.status IN ('running', 'waiting')

@@ -72,16 +72,7 @@ WITH f AS (
     RETURNING a.id, a.conversation_id, a.tenant_key, f.partial, f.partial_id, a.status, a.input_deadline_at,
               f.retry IS TRUE AND NOT a.cancel_requested AS retry, f.status AS asked
 ), {retried}
-), gate AS (
-    -- RetryLater with a key: the key's gate shuts until the latest wait asked for (a row
-    -- without a limit if the key has none; the claim passes over its queued runs meanwhile).
-    INSERT INTO {schema}.rate_limit AS l (key, gate_until)
-    SELECT f.gate_key, max(now() + make_interval(secs => f.retry_after))
-    FROM f JOIN fin ON fin.id = f.id AND fin.status = 'queued'
-    WHERE f.status = 'queued' AND f.gate_key IS NOT NULL
-    GROUP BY f.gate_key
-    ON CONFLICT (key) DO UPDATE
-        SET gate_until = greatest(l.gate_until, EXCLUDED.gate_until)
+), {gate_shut}
 ), answer AS (
     -- Streamed text the agent never wrote to the transcript: its answer if the run
     -- completed (or what it said before it paused for input), a partial answer if it
@@ -134,6 +125,32 @@ SELECT fin.id, fin.status,
               OR fin.status = 'queued'  -- (a park on children already over: queued again)
             THEN pg_notify(%(wake_channel)s, '') END
 FROM fin
+
+-- fragment: gate_shut
+-- (In finalize, after its CTEs f and fin.) RetryLater with a key: the key's gate shuts
+-- until the latest wait asked for (a row without a limit if the key has none; the claim
+-- passes over its queued runs meanwhile).
+gate_shut AS (
+    INSERT INTO {schema}.rate_limit AS l (key, gate_until)
+    SELECT f.gate_key, max(now() + make_interval(secs => f.retry_after))
+    FROM f JOIN fin ON fin.id = f.id AND fin.status = 'queued'
+    WHERE f.status = 'queued' AND f.gate_key IS NOT NULL
+    GROUP BY f.gate_key
+    ON CONFLICT (key) DO UPDATE
+        SET gate_until = greatest(l.gate_until, EXCLUDED.gate_until)
+
+-- fragment: gate_shut_off
+-- gate_shut switched off: a batch in which no ending shuts a gate (endings.py).
+gate_shut AS (SELECT
+
+-- fragment: usage_rolled_off
+-- usage_rolled switched off: a batch whose events hold no `usage` event (endings.py).
+usage_rolled AS (SELECT
+
+-- fragment: retried_off
+-- retried switched off: a batch with no ending to retry (endings.py). Its one column,
+-- retry_of, is what finalize reads of it.
+retried (retry_of) AS (SELECT NULL::uuid WHERE false
 
 -- name: wake_parents
 -- A child's ending, pipelined after finalize in its transaction (#41): the fragment

@@ -57,6 +57,26 @@ usage_rolled AS (
                    > coalesce(%(now)s::timestamptz, clock_timestamp())))
     OFFSET 0))
 
+-- fragment: limits_open_off
+-- limits_open switched off (claims.py: a claim made while no rate limit was defined at
+-- the last claim): no probe at all. Safe only with limits_grant_off, which claims
+-- nothing if a limit is defined after all.
+true
+
+-- fragment: version_open
+-- A claim's test that queued run r may start on this worker under
+-- Dispatcher(resume_policy="same_version"), %(same_version)s: a run that has recorded
+-- steps (resumed after a wait, or a retry whose lineage recorded some) only if its
+-- version is the worker's, %(version)s; fresh turns go to any worker. (OFFSET 0: a
+-- per-row probe of the lineage's steps.)
+(NOT %(same_version)s::bool OR r.version IS NOT DISTINCT FROM %(version)s::text
+ OR (r.resumes = 0 AND (r.lineage_id IS NULL OR NOT EXISTS (
+     SELECT 1 FROM {schema}.run_step s WHERE s.lineage_id = r.lineage_id OFFSET 0))))
+
+-- fragment: version_open_off
+-- version_open switched off: the claim of a worker with resume_policy="replay".
+true
+
 -- fragment: tree_open
 -- A claim's test that queued run r may start under Dispatcher(max_running_per_tree=N),
 -- %(tree_cap)s: a run no tree spawned (root_run_id NULL: one test), or a claim with no
@@ -84,6 +104,16 @@ candidate AS (
                        WHERE x.root_run_id = c.root_run_id AND x.status = 'running') AS running
                FROM locked c WHERE c.root_run_id IS NOT NULL) k
            WHERE k.k + k.running <= %(tree_cap)s::integer)
+)
+
+-- fragment: tree_open_off
+-- tree_open switched off: a claim with no cap per tree.
+true
+
+-- fragment: tree_capped_off
+-- tree_capped switched off: a claim with no cap per tree (every locked row a candidate).
+candidate AS (
+    SELECT l.id, l.queue_order, l.tenant_key, l.agent_key, l.limit_key FROM locked l
 )
 
 -- fragment: limits_grant
@@ -151,6 +181,15 @@ limit_keys AS (
     HAVING bool_and(g.key IS NULL OR ranked_keys.rank <= g.last_grant)
 )
 
+-- fragment: limits_grant_off
+-- limits_grant switched off (with limits_open_off): every candidate is allowed if no rate
+-- limit is defined, and none is if one is (read in the statement's snapshot, as the full
+-- claim reads it): the claim then takes nothing, and the claimer sends the full one
+-- (claims.py). Its candidates were locked and are released at commit, still queued.
+allowed AS (
+    SELECT c.id FROM candidate c WHERE NOT (SELECT o.any_limit FROM limits_on o)
+)
+
 -- fragment: webhook_outbox
 -- Webhooks on endings (#42; migration 0015): after a CTE fin of the runs a statement
 -- ended (id, status), the CTE webhook_outbox inserts one delivery per subscription that
@@ -184,7 +223,8 @@ webhook_outbox AS (
 -- (the candidates the rate limits let through, see limits_grant) become running under a
 -- new claim token and lease, stamped with this worker, its retry policy and version (a
 -- run keeps its first version); the RETURNING list is runrow/_gateway/claims.py's
--- ClaimedRun, column for column (checked there by name).
+-- ClaimedRun, column for column (checked there by name). Its last column, limited, says
+-- whether a rate limit was defined (the claimer's choice of statement: claims.py).
 UPDATE {schema}.agent_run a SET
     status            = 'running',
     claim_token       = gen_random_uuid(),
@@ -205,4 +245,4 @@ RETURNING a.id, a.claim_token, a.conversation_id, a.user_id, a.tenant_id, a.requ
     (SELECT m.content FROM {schema}.message m WHERE m.id = a.user_message_id) AS content,
     (SELECT coalesce(max(e.seq), 0) FROM {schema}.run_event e
      WHERE e.run_id = a.id AND {schema}.run_ms(e.run_id) = {schema}.run_ms(a.id)) AS last_seq,
-    a.agent_key, a.parent_run_id, a.root_run_id
+    a.agent_key, a.parent_run_id, a.root_run_id, (SELECT o.any_limit FROM limits_on o) AS limited

@@ -204,7 +204,7 @@ def test_modules_stay_small(name: str) -> None:
 # is a plan, run by _exec.run or _exec.run_sync; it takes no connection. The exceptions,
 # each the hot path's own: the claim's raw positional cursor and the ending's pipeline.
 GATEWAY_TAKES_A_CONNECTION = {
-    "runrow._gateway.claims": {"claim", "fetch", "rows_cursor"},
+    "runrow._gateway.claims": {"claim", "fetch", "rows_cursor", "run"},
     "runrow._gateway.endings": {"finalize", "finalize_then_claim", "unset_session_bound"},
 }
 

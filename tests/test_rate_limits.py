@@ -215,3 +215,53 @@ async def test_a_limit_of_n_per_second_holds_across_four_processes(
     # The free key's runs did not wait for the slow key's windows (they all started in
     # the first one, whatever share of the workers the slow key's runs took).
     assert max(await _started(conn, schema, "free")) < starts[0] + per
+
+
+@pytest.mark.parametrize("order", ["fair", "fifo"])
+async def test_the_claim_without_limit_steps_takes_nothing_once_a_limit_is_defined(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection, order: claims.ClaimOrder
+) -> None:
+    """The claimer's cheaper claim (no rate-limit steps, ``limits=False``) is safe only
+    because it takes nothing at all while any limit or gate is defined; each claimed run
+    says whether one was (``limited``), which is how the claimer picks its next claim."""
+    for i in range(4):
+        await _enqueue(dsn, schema, f"a{i}", tenant_id="A")
+    req = claims.ClaimRequest(order, 1, 30.0, "t", now=T0, limits=False)
+    (row,) = await claims.run(conn, schema, req)
+    assert (row.content, row.limited) == ("a0", False)
+    await runrow.set_rate_limit(dsn, "unrelated", runs=1, per=60, schema=schema)
+    assert await claims.run(conn, schema, req) == []
+    (row,) = await claims.run(conn, schema, req._replace(limits=True))
+    assert (row.content, row.limited) == ("a1", True)
+    await runrow.set_rate_limit(dsn, "tenant:A", runs=1, per=60, schema=schema)
+    assert await claims.run(conn, schema, req) == []
+    (row,) = await claims.run(conn, schema, req._replace(limits=True, limit=5))
+    assert (row.content, row.limited) == ("a2", True)  # (tenant A's window: one run)
+    assert await claims.run(conn, schema, req._replace(limits=True)) == []
+
+
+async def test_a_limit_defined_mid_backlog_holds_for_a_running_dispatcher(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    """A dispatcher that had been claiming without the limit steps (no limit defined)
+    honours a limit defined while it works through a backlog: the ending that would have
+    claimed the next run without them takes nothing, and the full claim counts."""
+    total = 12
+    for i in range(total):
+        await _enqueue(dsn, schema, f"r{i}", tenant_id="A")
+    started: list[str] = []
+
+    async def agent(ctx: runrow.RunContext) -> None:
+        started.append(str(ctx.content))
+        if len(started) == 3:
+            await runrow.set_rate_limit(dsn, "tenant:A", runs=1, per=3600, schema=schema)
+
+    async with runrow.Dispatcher(dsn, agent, schema=schema, concurrency=1, poll=0.1, lease=10, heartbeat=2):
+        await anyio.sleep(1.5)  # (15 polls: time enough for any claim that would not count)
+        assert started == ["r0", "r1", "r2", "r3"]  # (the window's one run, then none)
+        await runrow.remove_rate_limit(dsn, "tenant:A", schema=schema)
+
+        async def drained() -> bool:
+            return len(started) == total
+
+        await wait_for(drained, timeout=20)

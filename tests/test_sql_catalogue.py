@@ -67,6 +67,21 @@ def test_statements_convert_to_positional_placeholders() -> None:
     assert max(hot) > 4096, "the claim and finalize fit psycopg's cache now: positional is not needed"
 
 
+def test_a_variant_switches_off_only_fragments_that_have_an_off_form() -> None:
+    """``positional(..., off=...)`` writes each named fragment's ``_off`` form in its
+    place; a name without one, or one the statement does not take, is refused."""
+    assert _sql.fragments()["version_open_off"] == "true"
+    full = _sql.positional("claim", "s")
+    off = _sql.positional("claim", "s", frozenset({"version_open"}))
+    assert "run_step" in full.query.decode() and "run_step" not in off.query.decode()
+    with pytest.raises(ValueError, match="no fragment"):
+        _sql.positional("claim", "s", frozenset({"live_status"}))
+    with pytest.raises(ValueError, match="takes none"):
+        _sql.positional("heartbeat", "s", frozenset({"limits_open"}))
+    with pytest.raises(KeyError, match="nope"):
+        _sql.positional("nope", "s", frozenset({"limits_open"}))
+
+
 def test_duplicate_names_are_rejected() -> None:
     with pytest.raises(RuntimeError, match="defined twice"):
         _sql._parse("-- name: a\nSELECT 1\n-- name: a\nSELECT 2\n", "x.sql")
@@ -80,7 +95,8 @@ def test_every_fragment_is_used_and_every_placeholder_is_one() -> None:
     fragments = _sql.fragments()
     assert "live_status" in fragments
     for name in fragments:
-        assert f"{{{name}}}" in raw, f"the fragment {name!r} is used by no statement"
+        used = name.removesuffix("_off")  # (a fragment's off form is used where it is)
+        assert f"{{{used}}}" in raw, f"the fragment {name!r} is used by no statement"
     for name, text in _sql.statements().items():
         # (and {partition}: the one other identifier, for a journal partition's DDL)
         assert set(re.findall(r"\{([a-z_0-9]+)\}", text)) <= {"schema", "partition"}, name
@@ -96,6 +112,8 @@ def test_no_statement_spells_a_fragment_by_hand() -> None:
     written out by hand (which could drift from the fragment) fails here."""
     files = sorted((ROOT / "sql").glob("*.sql"))
     for name, body in _sql.fragments().items():
+        if name.endswith("_off"):
+            continue  # (a fragment switched off is trivial text, `true` say)
         squeezed = "".join(body.split())  # (blanks apart, as the server reads it)
         for path in files:
             parsed = _sql._parse(path.read_text(encoding="utf-8"), path.name)

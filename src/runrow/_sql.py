@@ -10,7 +10,15 @@ and each statement's plan, is as if written out). They write once what must read
 same everywhere: the live set of statuses, which every query meant to use a partial
 index on the live states must spell as that index's predicate does (the schema cannot
 hold it in a function or a view without a migration, and a predicate can name neither),
-and CTEs two statements share. ``tests/test_status_vocabulary.py`` holds the live set
+and CTEs two statements share.
+
+Variants: a fragment ``name`` with a sibling ``name_off`` can be switched off per call
+(``positional(..., off=...)``): the statement is then written with ``name_off`` in its
+place. The hot statements (the claim, finalize) carry steps that most calls do not need
+(rate limits, a tree cap, retries, usage): PostgreSQL builds every node of a plan each
+time it runs it, needed or not, so a call that needs none of them sends the smaller
+text. Each variant is its own statement, prepared and planned on its own.
+``tests/test_status_vocabulary.py`` holds the live set
 together with the partial indexes' predicates, and ``tests/test_sql_catalogue.py`` checks
 that every fragment is used and every ``{name}`` is one.
 """
@@ -55,10 +63,12 @@ def _sql_dir() -> Path:
 class _Parsed(NamedTuple):
     statements: dict[str, str]
     fragments: dict[str, str]
+    raw: dict[str, str]
+    """The statements as written, fragments not yet expanded (for variants)."""
 
 
 def _parse(text: str, source: str) -> _Parsed:
-    found = _Parsed({}, {})
+    found = _Parsed({}, {}, {})
     marks = list(_NAME.finditer(text))
     for i, mark in enumerate(marks):
         end = marks[i + 1].start() if i + 1 < len(marks) else len(text)
@@ -75,8 +85,9 @@ def _parse(text: str, source: str) -> _Parsed:
     return found
 
 
-def _expand(name: str, body: str, fragments: Mapping[str, str]) -> str:
-    """``body`` with each ``{fragment}`` written out (``{schema}`` stays for :func:`render`)."""
+def _expand(name: str, body: str, fragments: Mapping[str, str], off: frozenset[str] = frozenset()) -> str:
+    """``body`` with each ``{fragment}`` written out (``{schema}`` stays for :func:`render`),
+    those in ``off`` as their ``_off`` form."""
 
     def text(match: re.Match[str]) -> str:
         found = match.group(1)
@@ -84,14 +95,16 @@ def _expand(name: str, body: str, fragments: Mapping[str, str]) -> str:
             return match.group(0)
         if found not in fragments:
             raise RuntimeError(f"statement {name!r}: no SQL fragment named {found!r} under sql/")
-        return _expand(name, fragments[found], fragments)  # (a fragment may use another)
+        if found in off:
+            found += "_off"
+        return _expand(name, fragments[found], fragments, off)  # (a fragment may use another)
 
     return _BRACED.sub(text, body)
 
 
 @functools.cache
 def _load() -> _Parsed:
-    merged = _Parsed({}, {})
+    merged = _Parsed({}, {}, {})
     for path in sorted(_sql_dir().glob("*.sql")):
         parsed = _parse(path.read_text(encoding="utf-8"), path.name)
         for into, found in ((merged.statements, parsed.statements), (merged.fragments, parsed.fragments)):
@@ -104,6 +117,7 @@ def _load() -> _Parsed:
     return _Parsed(
         {name: _expand(name, body, merged.fragments) for name, body in merged.statements.items()},
         merged.fragments,
+        merged.statements,
     )
 
 
@@ -156,6 +170,22 @@ def _text(name: str) -> str:
         raise KeyError(f"no SQL statement named {name!r} under sql/") from None
 
 
+@functools.lru_cache(maxsize=128)
+def _variant(name: str, off: frozenset[str]) -> str:
+    """The named statement with the fragments in ``off`` switched off (see the module's
+    docstring)."""
+    loaded = _load()
+    if name not in loaded.raw:
+        raise KeyError(f"no SQL statement named {name!r} under sql/")
+    unknown = sorted(f for f in off if f + "_off" not in loaded.fragments)
+    if unknown:
+        raise ValueError(f"statement {name!r}: no fragment {unknown} can be switched off")
+    text = _expand(name, loaded.raw[name], loaded.fragments, off)
+    if text == loaded.statements[name]:
+        raise ValueError(f"statement {name!r} takes none of the fragments {sorted(off)}")
+    return text
+
+
 @functools.lru_cache(maxsize=512)
 def statement(name: str, schema: str) -> bytes:
     """The named statement rendered for ``schema``; cached, since it never changes."""
@@ -177,12 +207,14 @@ class Positional(NamedTuple):
         return tuple(params[name] for name in self.names)
 
 
-@functools.lru_cache(maxsize=64)
-def positional(name: str, schema: str) -> Positional:
+@functools.lru_cache(maxsize=128)
+def positional(name: str, schema: str, off: frozenset[str] = frozenset()) -> Positional:
     """The named statement rendered for ``schema`` with positional placeholders (see
-    :class:`Positional`). Converted before the schema's name goes in, so an identifier
-    holding ``%`` is never read as a placeholder."""
+    :class:`Positional`), with the fragments in ``off`` switched off (see the module's
+    docstring). Converted before the schema's name goes in, so an identifier holding
+    ``%`` is never read as a placeholder."""
     names: list[str] = []
+    text = _variant(name, off) if off else _text(name)
 
     def number(match: re.Match[str]) -> str:
         found = match.group(1)
@@ -194,4 +226,4 @@ def positional(name: str, schema: str) -> Positional:
             names.append(found)
         return f"${names.index(found) + 1}"
 
-    return Positional(render(_PLACEHOLDER.sub(number, _text(name)), schema), tuple(names))
+    return Positional(render(_PLACEHOLDER.sub(number, text), schema), tuple(names))

@@ -56,6 +56,10 @@ class Claimer:
         self._conn = HeldConnection(kit.pool, min_pool=2)
         self.stopping = False
         """Set by the dispatcher's drain before it cancels the loop."""
+        self._limits = True
+        # Whether the next claim carries the rate-limit steps: not after a claim whose
+        # runs said no limit was defined (ClaimedRun.limited). The claim without them
+        # takes nothing while a limit is defined, so an empty one is sent again in full.
 
     async def run(self, *, task_status: TaskStatus[None]) -> None:
         """The claim loop (service ``claimer``). Cancelling it stops claiming; a claim in
@@ -130,6 +134,7 @@ class Claimer:
             agent_keys=s.agent_keys,
             serves_default=s.serves_default,
             tree_cap=s.max_running_per_tree,
+            limits=self._limits,
         )
 
     def may_fold(self) -> bool:
@@ -146,6 +151,7 @@ class Claimer:
         self._adopt(rows, len(riders) - len(rows))
 
     def _counted(self, rows: list[ClaimedRun], took: float) -> None:
+        self._limits = rows[0].limited if rows else True
         self._stats["claims"] += 1
         self._stats["claimed"] += len(rows)
         if self._observe and rows:
@@ -155,22 +161,13 @@ class Claimer:
 
     async def _claim(self, limit: int) -> list[ClaimedRun]:
         t0 = _aio.now()
-        s = self._settings
         async with self._conn.statement() as conn:
-            rows = await claims.claim(
-                conn,
-                s.schema,
-                order=s.claim_order,
-                limit=limit,
-                lease_seconds=s.lease,
-                worker_id=s.worker_id,
-                retry_policy=s.retry_stamp,
-                version=s.version,
-                same_version=s.resume_policy == "same_version",
-                agent_keys=s.agent_keys,
-                serves_default=s.serves_default,
-                tree_cap=s.max_running_per_tree,
-            )
+            rows = await claims.run(conn, self._settings.schema, self.request(limit))
+            if not rows and not self._limits:
+                # (empty: maybe a limit was defined since; the full claim says)
+                rows = await claims.run(
+                    conn, self._settings.schema, self.request(limit)._replace(limits=True)
+                )
         self._counted(rows, _aio.now() - t0)
         return rows
 

@@ -12,7 +12,7 @@ The exceptions, each on the worker's hot path, take a connection because a plan'
 executor cannot send them as they must go (``tests/test_layout.py`` names them and
 fails on any other):
 
-- ``claims.claim`` (with ``claims.rows_cursor`` and ``claims.fetch``): the claim runs
+- ``claims.claim`` and ``claims.run`` (with ``claims.rows_cursor`` and ``claims.fetch``): the claim runs
   on a raw cursor with ``$n`` placeholders; it is over psycopg's 4 KB cache limit, so
   sent as named placeholders it would be parsed again on every call (about 0.1 ms of CPU
   each, see :class:`runrow._sql.Positional`).
@@ -36,8 +36,8 @@ def statement_text(name: str, schema: str) -> bytes:
     return _sql.statement(name, schema)
 
 
-def statement_positional(name: str, schema: str) -> _sql.Positional:
+def statement_positional(name: str, schema: str, off: frozenset[str] = frozenset()) -> _sql.Positional:
     """The named statement as runrow sends the claim and finalize: the same text with
-    ``$n`` placeholders, for a raw cursor (see :class:`runrow._sql.Positional`); the
-    benchmarks' bare loops send them so too."""
-    return _sql.positional(name, schema)
+    ``$n`` placeholders, for a raw cursor (see :class:`runrow._sql.Positional`), with the
+    fragments in ``off`` switched off; the benchmarks' bare loops send them so too."""
+    return _sql.positional(name, schema, off)

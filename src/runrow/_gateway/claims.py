@@ -3,6 +3,7 @@ writer sends the same claim after a batch of endings (see ``endings.finalize_the
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from psycopg import AsyncRawCursor
@@ -51,6 +52,9 @@ class ClaimedRun(NamedTuple):
     """A child's parent (its turn's first run); None for a turn a host enqueued."""
     root_run_id: uuid.UUID | None
     """A child's tree root (its turn's first run); None for a turn a host enqueued."""
+    limited: bool
+    """Whether any rate limit or gate was defined when it was claimed (the claimer's
+    choice of the next claim's statement: see :attr:`ClaimRequest.limits`)."""
 
 
 class ClaimRequest(NamedTuple):
@@ -73,26 +77,51 @@ class ClaimRequest(NamedTuple):
     """Whether it serves the default agent (runs whose agent_key is NULL)."""
     tree_cap: int | None = None
     """At most this many of a tree's spawned runs running (see ``claim``); None: no cap."""
+    limits: bool = True
+    """False: the claim without the rate-limit steps (a smaller plan), which claims
+    nothing at all if any rate limit or gate is defined. Ask for it only after a claim
+    whose runs said none was (``ClaimedRun.limited``), and ask again with the full
+    claim when it comes back empty."""
+
+
+@functools.cache
+def _off(tree_cap: bool, same_version: bool, limits: bool) -> frozenset[str]:
+    """The claim's steps a request does not need (fragments switched off: see ``_sql``)."""
+    off: list[str] = []
+    if not tree_cap:
+        off += ("tree_open", "tree_capped")
+    if not same_version:
+        off.append("version_open")
+    if not limits:
+        off += ("limits_open", "limits_grant")
+    return frozenset(off)
 
 
 def statement(schema: str, req: ClaimRequest) -> tuple[bytes, tuple[Any, ...]]:
     """The claim statement for ``req``'s order, with positional placeholders (run it on a
     :func:`rows_cursor`), and its parameters."""
-    query = _sql.positional("claim", schema) if req.order == "fair" else _sql.positional("claim_fifo", schema)
-    return query.query, query.bind(
-        {
-            "limit": req.limit,
-            "lease_seconds": req.lease_seconds,
-            "worker_id": req.worker_id,
-            "now": req.now,
-            "retry_policy": req.retry_policy,
-            "version": req.version,
-            "same_version": req.same_version,
-            "agent_keys": list(req.agent_keys),
-            "serves_default": req.serves_default,
-            "tree_cap": req.tree_cap,
-        }
-    )
+    off = _off(req.tree_cap is not None, req.same_version, req.limits)
+    if req.order == "fair":
+        query = _sql.positional("claim", schema, off)
+    else:
+        query = _sql.positional("claim_fifo", schema, off)
+    return query.query, query.bind(_params(req))
+
+
+def _params(req: ClaimRequest) -> dict[str, Any]:
+    """The claim's named parameters for ``req`` (a variant binds those it takes)."""
+    return {
+        "limit": req.limit,
+        "lease_seconds": req.lease_seconds,
+        "worker_id": req.worker_id,
+        "now": req.now,
+        "retry_policy": req.retry_policy,
+        "version": req.version,
+        "same_version": req.same_version,
+        "agent_keys": list(req.agent_keys),
+        "serves_default": req.serves_default,
+        "tree_cap": req.tree_cap,
+    }
 
 
 def rows_cursor(conn: AsyncConnection) -> AsyncRawCursor[ClaimedRun]:
@@ -124,13 +153,14 @@ async def claim(
     agent_keys: Sequence[str] = (),
     serves_default: bool = True,
     tree_cap: int | None = None,
+    limits: bool = True,
 ) -> list[ClaimedRun]:
     """Claims up to ``limit`` runs (at most one per conversation) in ``order``, stamping
     each with ``retry_policy`` (JSON text; None: not retried) and ``version`` (the run's
     own only if it has none yet); ``same_version``: a run with recorded steps only if its
     version is ``version``; only runs of ``agent_keys`` (and of the default agent, with
     ``serves_default``); a spawned run only while fewer than ``tree_cap`` runs of its
-    tree run (None: no cap)."""
+    tree run (None: no cap); ``limits``: see :attr:`ClaimRequest.limits`."""
     req = ClaimRequest(
         order,
         limit,
@@ -143,7 +173,13 @@ async def claim(
         agent_keys,
         serves_default,
         tree_cap,
+        limits,
     )
+    return await run(conn, schema, req)
+
+
+async def run(conn: AsyncConnection, schema: str, req: ClaimRequest) -> list[ClaimedRun]:
+    """Sends the claim ``req`` asks for (see :func:`claim`)."""
     query, params = statement(schema, req)
     cur = rows_cursor(conn)
     await execute(conn, query, params, cursor=cur)

@@ -87,6 +87,27 @@ def finalize_params(endings: Sequence[Ending], channels: Channels) -> dict[str, 
     }
 
 
+def _off(endings: Sequence[Ending]) -> frozenset[str]:
+    """The finalize steps a batch cannot need (fragments switched off, see ``_sql``): each
+    reads only rows its input rules out (a retry, a gate to shut, a ``usage`` event)."""
+    retry = gate = usage = False
+    for e in endings:
+        retry = retry or e.retry
+        gate = gate or e.gate_key is not None
+        usage = usage or any(etype == "usage" for _, etype, _ in e.events)
+    return _OFF[retry, gate, usage]
+
+
+_OFF = {
+    (retry, gate, usage): frozenset(
+        name for name, on in (("retried", retry), ("gate_shut", gate), ("usage_rolled", usage)) if not on
+    )
+    for retry in (False, True)
+    for gate in (False, True)
+    for usage in (False, True)
+}
+
+
 async def finalize(
     conn: AsyncConnection,
     schema: str,
@@ -103,7 +124,7 @@ async def finalize(
     round trip, and JIT off);
     ``session_bound_ms`` sets the bound for the connection's session first (undo it
     with :func:`unset_session_bound` before the connection serves anything else)."""
-    query = _sql.positional("finalize", schema)
+    query = _sql.positional("finalize", schema, _off(endings))
     params = query.bind(finalize_params(endings, channels))
     cur = AsyncRawCursor(conn)
     children = [e.run_id for e in endings if e.child]
@@ -148,7 +169,7 @@ async def finalize_then_claim(
     one). If either statement fails, neither lands: the caller writes the endings again
     without the claim. Without a bound, the connection must already have JIT off for its
     session (a bound turns it off for the transaction)."""
-    final = _sql.positional("finalize", schema)
+    final = _sql.positional("finalize", schema, _off(endings))
     params = final.bind(finalize_params(endings, channels))
     query, claim_params = claims.statement(schema, claim)
     cur = AsyncRawCursor(conn)
