@@ -31,10 +31,19 @@ WITH RECURSIVE top (lineage, is_root) AS (
     UNION
     SELECT coalesce(r.lineage_id, r.id) FROM down JOIN {schema}.agent_run r ON r.parent_run_id = down.lineage
 )
+-- (The descendants by probes of the tree's indexes, agent_run_root_idx and
+-- agent_run_parent_idx, as arrays: written as "status IN live AND (root IN top OR
+-- parent IN down)", it walked the live-turn index with both as filters, reading every
+-- entry of it that vacuum had not yet cleared: 2.7 ms for a run with no tree after
+-- 20,000 runs ended, twice per stop. The outer test reads the ids from the primary key.)
 SELECT a.id, a.status, a.resumes > 0 AS resumed FROM {schema}.agent_run a
-WHERE a.status IN {live_status}
-  AND (a.root_run_id IN (SELECT top.lineage FROM top WHERE top.is_root)
-       OR a.parent_run_id IN (SELECT down.lineage FROM down))
+WHERE a.id = ANY (ARRAY(
+        SELECT t.id FROM {schema}.agent_run t
+        WHERE t.root_run_id = ANY (ARRAY(SELECT top.lineage FROM top WHERE top.is_root))
+        UNION ALL
+        SELECT c.id FROM {schema}.agent_run c
+        WHERE c.parent_run_id = ANY (ARRAY(SELECT down.lineage FROM down))))
+  AND (a.status IN {live_status}) IS TRUE  -- ("IS TRUE": implies no partial index's predicate)
 ORDER BY a.id
 FOR UPDATE OF a
 

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from runrow._gateway import statement_text
+from runrow._gateway import claims, statement_positional, statement_text
 
 from .bulk import SEED, seed
 from .helpers import table
@@ -73,6 +73,8 @@ def _buffers(plan: dict[str, Any]) -> int:
 # (same_version: Dispatcher(resume_policy="same_version"), whose version test each
 # candidate also passes: these fresh runs are any worker's.)
 @pytest.mark.parametrize("same_version", [False, True], ids=["replay", "same-version"])
+# (lean: the variant a worker sends while no rate limit is defined, its steps switched off.)
+@pytest.mark.parametrize("lean", [False, True], ids=["whole", "lean"])
 async def test_a_claim_after_a_burst_on_stale_statistics_is_not_quadratic(
     conn: psycopg.AsyncConnection,
     schema: str,
@@ -80,6 +82,7 @@ async def test_a_claim_after_a_burst_on_stale_statistics_is_not_quadratic(
     tenants: int,
     generic: bool,
     same_version: bool,
+    lean: bool,
 ) -> None:
     await _history_then_burst(conn, schema, tenants)
     params = {
@@ -94,14 +97,17 @@ async def test_a_claim_after_a_burst_on_stale_statistics_is_not_quadratic(
         "serves_default": True,
         "tree_cap": None,
     }
-    query = statement_text(statement, schema)
+    off = claims._off(False, same_version, False) if lean else frozenset()
+    positional = statement_positional(statement, schema, off)
+    query, bound = positional.query, positional.bind(params)
+    cur = psycopg.AsyncRawCursor(conn)
     async with conn.transaction(force_rollback=True):
         if generic:
             await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
             # A prepared statement: the plan the dispatcher's warm connection runs.
             for _ in range(2):
-                await conn.execute(query, params, prepare=True)
-        cur = await conn.execute(b"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query, params)
+                await cur.execute(query, bound, prepare=True)
+        await cur.execute(b"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query, bound)
         row = await cur.fetchone()
     assert row is not None
     doc = row[0] if not isinstance(row[0], str) else json.loads(row[0])
@@ -111,3 +117,33 @@ async def test_a_claim_after_a_burst_on_stale_statistics_is_not_quadratic(
     # ... reading a bounded number of buffers per queued run (the quadratic plan read
     # about 400 per queued run; an ordered walk or a linear scan reads a handful).
     assert _buffers(plan) < 15 * BURST, json.dumps(doc, indent=1)[:4000]
+
+
+async def test_a_stop_after_many_ended_runs_probes_the_tree_indexes(
+    conn: psycopg.AsyncConnection, schema: str
+) -> None:
+    """Stop's sweep of a run's tree (lock_descendants, twice per stop) reads a handful of
+    buffers for a run with no tree, however many runs ended since the last vacuum (their
+    entries linger in the live-turn index: a walk of it read them all)."""
+    await seed(conn, schema, tenant=None, n=20_000, conversations=20_000, prefix="old")
+    await conn.execute(
+        sql.SQL(
+            "UPDATE {} SET status = 'completed', claim_token = gen_random_uuid(),"
+            " claim_expires_at = now(), started_at = now(), finished_at = now()"
+        ).format(table(schema, "agent_run"))
+    )
+    await conn.execute(sql.SQL("ANALYZE {}").format(table(schema, "agent_run")))
+    await seed(conn, schema, tenant=None, n=1, conversations=1, prefix="new")
+    cur = await conn.execute(
+        sql.SQL("SELECT id FROM {} WHERE status = 'queued'").format(table(schema, "agent_run"))
+    )
+    (run_id,) = await cur.fetchone() or (None,)
+    async with conn.transaction(force_rollback=True):
+        cur = await conn.execute(
+            b"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + statement_text("lock_descendants", schema),
+            {"conversation_id": None, "run_id": run_id},
+        )
+        row = await cur.fetchone()
+    assert row is not None
+    doc = row[0] if not isinstance(row[0], str) else json.loads(row[0])
+    assert _buffers(doc[0]["Plan"]) < 100, json.dumps(doc, indent=1)[:4000]
