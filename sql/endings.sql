@@ -143,10 +143,6 @@ gate_shut AS (
 -- gate_shut switched off: a batch in which no ending shuts a gate (endings.py).
 gate_shut AS (SELECT
 
--- fragment: usage_rolled_off
--- usage_rolled switched off: a batch whose events hold no `usage` event (endings.py).
-usage_rolled AS (SELECT
-
 -- fragment: retried_off
 -- retried switched off: a batch with no ending to retry (endings.py). Its one column,
 -- retry_of, is what finalize reads of it.

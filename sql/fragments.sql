@@ -41,6 +41,11 @@ usage_rolled AS (
         output_tokens = u.output_tokens + excluded.output_tokens,
         cost          = u.cost + excluded.cost,
         records       = u.records + excluded.records
+-- fragment: usage_rolled_off
+-- usage_rolled switched off: a batch whose events hold no `usage` event (the journal
+-- writer's append_events and the ending's finalize: journal.py, endings.py).
+usage_rolled AS (SELECT
+
 -- fragment: limits_open
 -- A claim's test that queued run r is under no closed rate limit or gate (migration 0013):
 -- none of its keys (tenant:<tenant_key>, agent:<agent_key>, its limit_key) has a row

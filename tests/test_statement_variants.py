@@ -79,7 +79,8 @@ async def test_every_variant_is_valid_on_the_server(schema: str, conn: psycopg.A
         for name in ("claim", "claim_fifo")
         for off in _claim_variants()
     ] + [statement_positional("finalize", schema, off).query for off in _finalize_variants()]
-    assert len(set(texts)) == len(texts) == 2 * 8 + 8
+    texts.append(statement_positional("append_events", schema, frozenset({"usage_rolled"})).query)
+    assert len(set(texts)) == len(texts) == 2 * 8 + 8 + 1
     for i, text in enumerate(texts):
         result = conn.pgconn.prepare(f"variant_{i}".encode(), text)
         assert result.status == psycopg.pq.ExecStatus.COMMAND_OK, (

@@ -187,9 +187,10 @@ def _variant(name: str, off: frozenset[str]) -> str:
 
 
 @functools.lru_cache(maxsize=512)
-def statement(name: str, schema: str) -> bytes:
-    """The named statement rendered for ``schema``; cached, since it never changes."""
-    return render(_text(name), schema)
+def statement(name: str, schema: str, off: frozenset[str] = frozenset()) -> bytes:
+    """The named statement rendered for ``schema``, with the fragments in ``off`` switched
+    off (see the module's docstring); cached, since it never changes."""
+    return render(_variant(name, off) if off else _text(name), schema)
 
 
 class Positional(NamedTuple):

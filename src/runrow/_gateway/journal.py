@@ -60,8 +60,16 @@ def append(
     """Appends every run's events in one statement, each fenced by its claim; returns
     the runs whose events landed (a run missing lost its claim). ``notify=False`` drops
     the per-run NOTIFY (tails then poll); it exists to measure what the NOTIFY costs."""
-    rows = yield Query(_sql.statement("append_events", schema), append_params(batch, channels, notify=notify))
+    usage = any(etype == "usage" for a in batch for _, etype, _ in a.events)
+    text = _sql.statement("append_events", schema, _WITH_USAGE if usage else _NO_USAGE)
+    rows = yield Query(text, append_params(batch, channels, notify=notify))
     return {row[0] for row in rows}
+
+
+# A batch without a `usage` event sends append_events without its rollup step (a
+# smaller plan: see runrow._sql's variants).
+_WITH_USAGE: frozenset[str] = frozenset()
+_NO_USAGE = frozenset({"usage_rolled"})
 
 
 def flush_landed(schema: str, run_id: uuid.UUID, claim_token: uuid.UUID, seqs: list[int]) -> Plan[FlushState]:
