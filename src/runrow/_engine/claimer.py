@@ -150,6 +150,12 @@ class Claimer:
         self._counted(rows, took)
         self._adopt(rows, len(riders) - len(rows))
 
+    def folded_empty(self) -> None:
+        """A claim made with endings took nothing (or did not land): the next claim is
+        sent whole, since the claim without the rate-limit steps takes nothing once a limit
+        is defined (the claim loop would otherwise send both, one after the other)."""
+        self._limits = True
+
     def _counted(self, rows: list[ClaimedRun], took: float) -> None:
         self._limits = rows[0].limited if rows else True
         self._stats["claims"] += 1

@@ -382,6 +382,7 @@ class EndingWriter:
                 if rows:
                     self._claimer.folded(riders, rows, _aio.now() - t0)
                 else:
+                    self._claimer.folded_empty()
                     for active in riders:
                         self._roster.free_slot(active)
 
