@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from psycopg import sql
 
 import runrow
+from runrow._gateway import claims, statement_positional
 
 from .helpers import assert_journal_sound, drop_time_partitions, table
 
@@ -268,3 +269,39 @@ async def test_dropping_old_partitions_leaves_live_runs_and_their_tails_whole(ds
         for run_id in runs:
             evs = await assert_journal_sound(conn, schema, run_id)
             assert got[run_id] == [seq for seq, _, _ in evs]
+
+
+def _appends_on_the_journal(plan: dict[str, object]) -> list[dict[str, object]]:
+    found = []
+    if plan.get("Node Type") == "Append" and any(
+        str(p.get("Relation Name", "")).startswith("run_event")
+        for p in plan.get("Plans", [])  # type: ignore[attr-defined]
+    ):
+        found.append(plan)
+    for child in plan.get("Plans", []):  # type: ignore[attr-defined]
+        found += _appends_on_the_journal(child)
+    return found
+
+
+async def test_the_claim_never_builds_the_partitions_made_ahead(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    """The claim reads each claimed run's last seq from its partition, by a run id known
+    only row by row; the partitions made ahead of the clock (premake) are pruned as the
+    statement starts (a run id is never ahead of the database's clock), not built and
+    skipped on every claim. The run still gets its own last seq."""
+    run = await runrow.enqueue(dsn, conversation_id="c", user_id="u", content="x", schema=schema)
+    ahead = [p for p in await runrow.journal_partitions(dsn, schema=schema) if p.name != "run_event_legacy"]
+    assert len(ahead) >= 4  # (today's and those made ahead)
+    q = statement_positional("claim", schema, claims._off(False, False, False))
+    req = claims.ClaimRequest("fair", 1, 30.0, "w")
+    cur = psycopg.AsyncRawCursor(conn)
+    async with conn.transaction(force_rollback=True):
+        await cur.execute(b"EXPLAIN (ANALYZE, FORMAT JSON) " + q.query, q.bind(claims._params(req)))
+        row = await cur.fetchone()
+    assert row is not None
+    (append,) = _appends_on_the_journal(row[0][0]["Plan"])
+    built = {p["Relation Name"] for p in append["Plans"]}  # type: ignore[index]
+    assert len(built) <= 3, built  # (the legacy partition, today's, perhaps tomorrow's)
+    rows = await claims.run(conn, schema, req)
+    assert [(r.id, r.last_seq) for r in rows] == [(run.id, 2)]
