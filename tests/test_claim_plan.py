@@ -28,10 +28,10 @@ pytestmark = pytest.mark.anyio
 BURST = 400
 
 
-async def _history_then_burst(conn: psycopg.AsyncConnection, schema: str, tenants: int = 0) -> None:
-    """2,000 finished runs, ANALYZE with nothing queued, then a burst of queued runs
-    (of the default tenant, or spread over ``tenants`` tenants: the fair path)."""
-    await seed(conn, schema, tenant=None, n=2_000, conversations=2_000, prefix="old")
+async def _history(conn: psycopg.AsyncConnection, schema: str, n: int) -> None:
+    """``n`` runs that ended (their entries still in the live-turn index until a vacuum),
+    then ANALYZE: statistics that say nothing is live."""
+    await seed(conn, schema, tenant=None, n=n, conversations=n, prefix="old")
     await conn.execute(
         sql.SQL(
             "UPDATE {} SET status = 'completed', claim_token = gen_random_uuid(),"
@@ -39,6 +39,12 @@ async def _history_then_burst(conn: psycopg.AsyncConnection, schema: str, tenant
         ).format(table(schema, "agent_run"))
     )
     await conn.execute(sql.SQL("ANALYZE {}").format(table(schema, "agent_run")))
+
+
+async def _history_then_burst(conn: psycopg.AsyncConnection, schema: str, tenants: int = 0) -> None:
+    """2,000 finished runs, ANALYZE with nothing queued, then a burst of queued runs
+    (of the default tenant, or spread over ``tenants`` tenants: the fair path)."""
+    await _history(conn, schema, 2_000)
     # The burst: inserted after the ANALYZE, so the statistics still say none is queued
     # (seed()'s own statement, without the ANALYZE seed() runs after it).
     query = sql.SQL(SEED).format(
@@ -125,14 +131,7 @@ async def test_a_stop_after_many_ended_runs_probes_the_tree_indexes(
     """Stop's sweep of a run's tree (lock_descendants, twice per stop) reads a handful of
     buffers for a run with no tree, however many runs ended since the last vacuum (their
     entries linger in the live-turn index: a walk of it read them all)."""
-    await seed(conn, schema, tenant=None, n=20_000, conversations=20_000, prefix="old")
-    await conn.execute(
-        sql.SQL(
-            "UPDATE {} SET status = 'completed', claim_token = gen_random_uuid(),"
-            " claim_expires_at = now(), started_at = now(), finished_at = now()"
-        ).format(table(schema, "agent_run"))
-    )
-    await conn.execute(sql.SQL("ANALYZE {}").format(table(schema, "agent_run")))
+    await _history(conn, schema, 20_000)
     await seed(conn, schema, tenant=None, n=1, conversations=1, prefix="new")
     cur = await conn.execute(
         sql.SQL("SELECT id FROM {} WHERE status = 'queued'").format(table(schema, "agent_run"))
