@@ -56,10 +56,10 @@ class Claimer:
         self._conn = HeldConnection(kit.pool, min_pool=2)
         self.stopping = False
         """Set by the dispatcher's drain before it cancels the loop."""
-        self._limits = True
         # Whether the next claim carries the rate-limit steps: not after a claim whose
         # runs said no limit was defined (ClaimedRun.limited). The claim without them
         # takes nothing while a limit is defined, so an empty one is sent again in full.
+        self._limits = True
 
     async def run(self, *, task_status: TaskStatus[None]) -> None:
         """The claim loop (service ``claimer``). Cancelling it stops claiming; a claim in
