@@ -73,21 +73,7 @@ WITH f AS (
               f.retry IS TRUE AND NOT a.cancel_requested AS retry, f.status AS asked
 ), {retried}
 ), {gate_shut}
-), answer AS (
-    -- Streamed text the agent never wrote to the transcript: its answer if the run
-    -- completed (or what it said before it paused for input), a partial answer if it
-    -- was cut short. It goes in the turn of the message the run answers, however many
-    -- turns were enqueued since (#17). A park's text has the id of the turn's message
-    -- for its wait (partial_id: one id across the turn's attempts): a retry that parks
-    -- at the same wait finds it written by an earlier attempt and writes nothing.
-    INSERT INTO {schema}.message (id, conversation_id, run_id, role, content, status, turn)
-    SELECT coalesce(fin.partial_id, gen_random_uuid()), fin.conversation_id, fin.id, 'assistant',
-           to_jsonb(fin.partial),
-           CASE WHEN fin.status IN ('completed', 'waiting') THEN 'complete' ELSE 'partial' END,
-           (SELECT u.turn FROM {schema}.agent_run r JOIN {schema}.message u ON u.id = r.user_message_id
-            WHERE r.id = fin.id)
-    FROM fin WHERE fin.partial IS NOT NULL
-    ON CONFLICT (id) DO NOTHING
+), {answer_saved}
 ), ev AS (
     INSERT INTO {schema}.run_event (run_id, seq, type, payload)
     -- (A park's input_requested says when the wait ends, on the database's clock.)
@@ -125,6 +111,28 @@ SELECT fin.id, fin.status,
               OR fin.status = 'queued'  -- (a park on children already over: queued again)
             THEN pg_notify(%(wake_channel)s, '') END
 FROM fin
+
+-- fragment: answer_saved
+-- (In finalize, after its CTE fin.) Streamed text the agent never wrote to the
+-- transcript: its answer if the run completed (or what it said before it paused for
+-- input), a partial answer if it was cut short. It goes in the turn of the message the
+-- run answers, however many turns were enqueued since (#17). A park's text has the id of
+-- the turn's message for its wait (partial_id: one id across the turn's attempts): a
+-- retry that parks at the same wait finds it written by an earlier attempt and writes
+-- nothing.
+answer_saved AS (
+    INSERT INTO {schema}.message (id, conversation_id, run_id, role, content, status, turn)
+    SELECT coalesce(fin.partial_id, gen_random_uuid()), fin.conversation_id, fin.id, 'assistant',
+           to_jsonb(fin.partial),
+           CASE WHEN fin.status IN ('completed', 'waiting') THEN 'complete' ELSE 'partial' END,
+           (SELECT u.turn FROM {schema}.agent_run r JOIN {schema}.message u ON u.id = r.user_message_id
+            WHERE r.id = fin.id)
+    FROM fin WHERE fin.partial IS NOT NULL
+    ON CONFLICT (id) DO NOTHING
+
+-- fragment: answer_saved_off
+-- answer_saved switched off: a batch in which no ending has unsaved text (endings.py).
+answer_saved AS (SELECT
 
 -- fragment: gate_shut
 -- (In finalize, after its CTEs f and fin.) RetryLater with a key: the key's gate shuts

@@ -59,17 +59,14 @@ def test_the_finalize_variant_keeps_each_step_a_batch_needs() -> None:
         }
         return endings.Ending(**{**base, **kw})  # type: ignore[arg-type]
 
-    assert endings._off([ending()]) == {"retried", "gate_shut", "usage_rolled"}
-    assert endings._off([ending(), ending(retry=True, status="failed")]) == {"gate_shut", "usage_rolled"}
-    assert endings._off([ending(status="queued", retry_after=1.0, gate_key="k")]) == {
-        "retried",
-        "usage_rolled",
-    }
-    assert endings._off([ending(events=[(3, "usage", "{}"), (4, "complete", "{}")])]) == {
-        "retried",
-        "gate_shut",
-    }
-    assert len(_finalize_variants()) == 8
+    steps = {"retried", "gate_shut", "usage_rolled", "answer_saved"}
+    assert endings._off([ending()]) == steps
+    assert endings._off([ending(), ending(retry=True, status="failed")]) == steps - {"retried"}
+    assert endings._off([ending(status="queued", retry_after=1.0, gate_key="k")]) == steps - {"gate_shut"}
+    usage = [(3, "usage", "{}"), (4, "complete", "{}")]
+    assert endings._off([ending(events=usage)]) == steps - {"usage_rolled"}
+    assert endings._off([ending(), ending(partial="")]) == steps - {"answer_saved"}
+    assert len(_finalize_variants()) == 16
 
 
 async def test_every_variant_is_valid_on_the_server(schema: str, conn: psycopg.AsyncConnection) -> None:
@@ -80,7 +77,7 @@ async def test_every_variant_is_valid_on_the_server(schema: str, conn: psycopg.A
         for off in _claim_variants()
     ] + [statement_positional("finalize", schema, off).query for off in _finalize_variants()]
     texts.append(statement_positional("append_events", schema, frozenset({"usage_rolled"})).query)
-    assert len(set(texts)) == len(texts) == 2 * 8 + 8 + 1
+    assert len(set(texts)) == len(texts) == 2 * 8 + 16 + 1
     for i, text in enumerate(texts):
         result = conn.pgconn.prepare(f"variant_{i}".encode(), text)
         assert result.status == psycopg.pq.ExecStatus.COMMAND_OK, (

@@ -3,6 +3,7 @@ and the bounds it sets around them (``ending_budget*``, ``sql/session.sql``)."""
 
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from psycopg import AsyncRawCursor
@@ -89,22 +90,21 @@ def finalize_params(endings: Sequence[Ending], channels: Channels) -> dict[str, 
 
 def _off(endings: Sequence[Ending]) -> frozenset[str]:
     """The finalize steps a batch cannot need (fragments switched off, see ``_sql``): each
-    reads only rows its input rules out (a retry, a gate to shut, a ``usage`` event)."""
-    retry = gate = usage = False
+    reads only rows its input rules out (a retry, a gate to shut, a ``usage`` event,
+    unsaved text)."""
+    retry = gate = usage = text = False
     for e in endings:
         retry = retry or e.retry
         gate = gate or e.gate_key is not None
         usage = usage or any(etype == "usage" for _, etype, _ in e.events)
-    return _OFF[retry, gate, usage]
+        text = text or e.partial is not None
+    return _OFF[retry, gate, usage, text]
 
 
+_STEPS = ("retried", "gate_shut", "usage_rolled", "answer_saved")
 _OFF = {
-    (retry, gate, usage): frozenset(
-        name for name, on in (("retried", retry), ("gate_shut", gate), ("usage_rolled", usage)) if not on
-    )
-    for retry in (False, True)
-    for gate in (False, True)
-    for usage in (False, True)
+    needed: frozenset(name for name, on in zip(_STEPS, needed, strict=True) if not on)
+    for needed in itertools.product((False, True), repeat=len(_STEPS))
 }
 
 
