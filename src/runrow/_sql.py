@@ -10,17 +10,17 @@ and each statement's plan, is as if written out). They write once what must read
 same everywhere: the live set of statuses, which every query meant to use a partial
 index on the live states must spell as that index's predicate does (the schema cannot
 hold it in a function or a view without a migration, and a predicate can name neither),
-and CTEs two statements share.
-
-Variants: a fragment ``name`` with a sibling ``name_off`` can be switched off per call
-(``positional(..., off=...)``): the statement is then written with ``name_off`` in its
-place. The hot statements (the claim, finalize) carry steps that most calls do not need
-(rate limits, a tree cap, retries, usage): PostgreSQL builds every node of a plan each
-time it runs it, needed or not, so a call that needs none of them sends the smaller
-text. Each variant is its own statement, prepared and planned on its own.
-``tests/test_status_vocabulary.py`` holds the live set
+and CTEs two statements share. ``tests/test_status_vocabulary.py`` holds the live set
 together with the partial indexes' predicates, and ``tests/test_sql_catalogue.py`` checks
 that every fragment is used and every ``{name}`` is one.
+
+Variants: a fragment ``name`` with a sibling ``name_off`` can be switched off per call
+(``positional(..., off=...)``, ``statement(..., off=...)``): the statement is then written
+with ``name_off`` in its place. The hot statements (the claim, finalize, append_events)
+carry steps that most calls do not need (rate limits, a tree cap, retries, usage):
+PostgreSQL builds every node of a plan each time it runs it, needed or not, so a call
+that needs none of them sends the smaller text. Each variant is its own statement,
+prepared and planned on its own (``tests/test_statement_variants.py``).
 """
 
 from __future__ import annotations
