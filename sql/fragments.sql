@@ -232,6 +232,18 @@ webhook_outbox AS (
 -- (journal_settings.premake) are pruned as the statement starts and never built.
 ((extract(epoch FROM now()) * 1000)::bigint + 3600000)
 
+-- fragment: stamp_many
+-- The claim's rows to stamp: by primary key from an array, not joined (joined, a long
+-- queue's estimates could turn the join into a hash of the whole table).
+a.id = ANY (ARRAY(SELECT id FROM allowed))
+
+-- fragment: stamp_many_off
+-- stamp_many switched off: a claim of one run (limit 1, so `allowed` has at most one row).
+-- A generic plan takes an array of unknown length for ten ids, and on a table of a few
+-- thousand runs it then reads the whole table rather than probe the primary key ten
+-- times; one id, compared as a scalar, is estimated as one row and probed.
+a.id = (SELECT id FROM allowed)
+
 -- fragment: claim_stamp
 -- The claim's last step, the same for the fair and the FIFO claim: the runs in `allowed`
 -- (the candidates the rate limits let through, see limits_grant) become running under a
@@ -250,9 +262,7 @@ UPDATE {schema}.agent_run a SET
     worker_version    = %(version)s,
     started_at        = coalesce(%(now)s::timestamptz, clock_timestamp()),
     last_heartbeat_at = coalesce(%(now)s::timestamptz, clock_timestamp())
--- (By primary key from an array, not joined: joined, a long queue's estimates could
--- turn the join into a hash of the whole table.)
-WHERE a.id = ANY (ARRAY(SELECT id FROM allowed))
+WHERE {stamp_many}
 RETURNING a.id, a.claim_token, a.conversation_id, a.user_id, a.tenant_id, a.request,
     a.user_message_id, a.cancel_requested, a.created_at, a.started_at, a.deadline_at, a.priority,
     a.lineage_id, a.attempt, a.resumes,

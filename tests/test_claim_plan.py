@@ -103,7 +103,7 @@ async def test_a_claim_after_a_burst_on_stale_statistics_is_not_quadratic(
         "serves_default": True,
         "tree_cap": None,
     }
-    off = claims._off(False, same_version, False) if lean else frozenset()
+    off = claims._off(False, same_version, False, False) if lean else frozenset()
     positional = statement_positional(statement, schema, off)
     query, bound = positional.query, positional.bind(params)
     cur = psycopg.AsyncRawCursor(conn)
@@ -146,3 +146,54 @@ async def test_a_stop_after_many_ended_runs_probes_the_tree_indexes(
     assert row is not None
     doc = row[0] if not isinstance(row[0], str) else json.loads(row[0])
     assert _buffers(doc[0]["Plan"]) < 100, json.dumps(doc, indent=1)[:4000]
+
+
+def _scans_of(plan: dict[str, Any], relation: str) -> list[str]:
+    """The executed scans of ``relation`` in ``plan``, by node type."""
+    found = []
+    if plan.get("Relation Name") == relation and plan.get("Actual Loops", 0) > 0:
+        found.append(str(plan["Node Type"]))
+    for child in plan.get("Plans", []):
+        found += _scans_of(child, relation)
+    return found
+
+
+@pytest.mark.parametrize("statement", ["claim", "claim_fifo"])
+@pytest.mark.parametrize("lean", [False, True], ids=["whole", "lean"])
+async def test_a_claim_of_one_run_probes_it_by_key_on_a_small_table(
+    conn: psycopg.AsyncConnection, schema: str, statement: str, lean: bool
+) -> None:
+    """A claim of one run (the usual claim: a slot came free) stamps the run it locked by
+    its primary key. With the ids as an array of unknown length the generic plan counted
+    ten of them, and on a young table of a few hundred runs it read the whole table for
+    the stamp on every claim (a fresh installation's size: this is what a newcomer's
+    first worker did)."""
+    query = sql.SQL(SEED).format(
+        run=table(schema, "agent_run"), message=table(schema, "message"), event=table(schema, "run_event")
+    )
+    await conn.execute(query, {"prefix": "old", "conversations": 600, "tenant": None, "n": 600})
+    await conn.execute(
+        sql.SQL(
+            "UPDATE {} SET status = 'completed', claim_token = gen_random_uuid(),"
+            " claim_expires_at = now(), started_at = now(), finished_at = now()"
+        ).format(table(schema, "agent_run"))
+    )
+    # (Three queued: the two executions that prepare the statement take one each. No
+    # ANALYZE: a young table's planner works from its size on disk.)
+    await conn.execute(query, {"prefix": "new", "conversations": 3, "tenant": None, "n": 3})
+    req = claims.ClaimRequest(
+        statement.removeprefix("claim").removeprefix("_") or "fair", 1, 30.0, "w", limits=not lean
+    )  # type: ignore[arg-type]
+    claim, bound = claims.statement(schema, req)
+    cur = psycopg.AsyncRawCursor(conn)
+    async with conn.transaction(force_rollback=True):
+        await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        for _ in range(2):  # (prepared: the plan a dispatcher's warm connection runs)
+            await cur.execute(claim, bound, prepare=True)
+        await cur.execute(b"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + claim, bound)
+        row = await cur.fetchone()
+    assert row is not None
+    doc = row[0] if not isinstance(row[0], str) else json.loads(row[0])
+    plan = doc[0]["Plan"]
+    assert plan["Actual Rows"] == 1
+    assert "Seq Scan" not in _scans_of(plan, "agent_run"), json.dumps(doc, indent=1)[:4000]

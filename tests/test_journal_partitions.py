@@ -293,7 +293,7 @@ async def test_the_claim_never_builds_the_partitions_made_ahead(
     run = await runrow.enqueue(dsn, conversation_id="c", user_id="u", content="x", schema=schema)
     ahead = [p for p in await runrow.journal_partitions(dsn, schema=schema) if p.name != "run_event_legacy"]
     assert len(ahead) >= 4  # (today's and those made ahead)
-    q = statement_positional("claim", schema, claims._off(False, False, False))
+    q = statement_positional("claim", schema, claims._off(False, False, False, False))
     req = claims.ClaimRequest("fair", 1, 30.0, "w")
     cur = psycopg.AsyncRawCursor(conn)
     async with conn.transaction(force_rollback=True):

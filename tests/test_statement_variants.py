@@ -21,13 +21,13 @@ from .helpers import empty, table
 
 pytestmark = pytest.mark.anyio
 
-_CLAIM_OFF = ("tree_open", "tree_capped", "version_open", "limits_open", "limits_grant")
+_CLAIM_OFF = ("tree_open", "tree_capped", "version_open", "limits_open", "limits_grant", "stamp_many")
 
 
 def _claim_variants() -> list[frozenset[str]]:
     return [
-        claims._off(tree, version, limits)
-        for tree, version, limits in itertools.product((False, True), repeat=3)
+        claims._off(tree, version, limits, one)
+        for tree, version, limits, one in itertools.product((False, True), repeat=4)
     ]
 
 
@@ -44,6 +44,7 @@ def test_a_variant_writes_the_off_form_in_place_of_each_fragment_it_names() -> N
         assert ("limit_granted" in text) == ("limits_grant" not in off)
         assert ("PARTITION BY c.root_run_id" in text) == ("tree_capped" not in off)
         assert ("run_step" in text) == ("version_open" not in off)
+        assert ("a.id = (SELECT id FROM allowed)" in text) == ("stamp_many" in off)
     assert "same_version" not in statement_positional("claim", "s", frozenset({"version_open"})).names
 
 
@@ -77,7 +78,7 @@ async def test_every_variant_is_valid_on_the_server(schema: str, conn: psycopg.A
         for off in _claim_variants()
     ] + [statement_positional("finalize", schema, off).query for off in _finalize_variants()]
     texts.append(statement_positional("append_events", schema, frozenset({"usage_rolled"})).query)
-    assert len(set(texts)) == len(texts) == 2 * 8 + 16 + 1
+    assert len(set(texts)) == len(texts) == 2 * 16 + 16 + 1
     for i, text in enumerate(texts):
         result = conn.pgconn.prepare(f"variant_{i}".encode(), text)
         assert result.status == psycopg.pq.ExecStatus.COMMAND_OK, (

@@ -85,9 +85,9 @@ class ClaimRequest(NamedTuple):
 
 
 @functools.cache
-def _off(tree_cap: bool, same_version: bool, limits: bool) -> frozenset[str]:
+def _off(tree_cap: bool, same_version: bool, limits: bool, one: bool) -> frozenset[str]:
     """The claim's steps a request does not need (fragments switched off: see ``_sql``)."""
-    off: list[str] = []
+    off: list[str] = ["stamp_many"] if one else []
     if not tree_cap:
         off += ("tree_open", "tree_capped")
     if not same_version:
@@ -100,7 +100,7 @@ def _off(tree_cap: bool, same_version: bool, limits: bool) -> frozenset[str]:
 def statement(schema: str, req: ClaimRequest) -> tuple[bytes, tuple[Any, ...]]:
     """The claim statement for ``req``'s order, with positional placeholders (run it on a
     :func:`rows_cursor`), and its parameters."""
-    off = _off(req.tree_cap is not None, req.same_version, req.limits)
+    off = _off(req.tree_cap is not None, req.same_version, req.limits, req.limit == 1)
     if req.order == "fair":
         query = _sql.positional("claim", schema, off)
     else:
