@@ -66,6 +66,25 @@ async def _history_then_burst(conn: psycopg.AsyncConnection, schema: str, tenant
         )
 
 
+async def _explained(
+    conn: psycopg.AsyncConnection, query: bytes, bound: tuple[Any, ...], *, generic: bool
+) -> tuple[Any, dict[str, Any]]:
+    """EXPLAIN ANALYZE of the positional ``query`` (in a transaction rolled back): the
+    whole document and its top plan. ``generic``: prepared first, under a generic plan,
+    as the dispatcher's warm connection runs it (each of those two runs claims too)."""
+    cur = psycopg.AsyncRawCursor(conn)
+    async with conn.transaction(force_rollback=True):
+        if generic:
+            await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+            for _ in range(2):
+                await cur.execute(query, bound, prepare=True)
+        await cur.execute(b"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query, bound)
+        row = await cur.fetchone()
+    assert row is not None
+    doc = row[0] if not isinstance(row[0], str) else json.loads(row[0])
+    return doc, doc[0]["Plan"]
+
+
 def _buffers(plan: dict[str, Any]) -> int:
     return int(plan.get("Shared Hit Blocks", 0)) + int(plan.get("Shared Read Blocks", 0))
 
@@ -106,18 +125,7 @@ async def test_a_claim_after_a_burst_on_stale_statistics_is_not_quadratic(
     off = claims._off(False, same_version, False, False) if lean else frozenset()
     positional = statement_positional(statement, schema, off)
     query, bound = positional.query, positional.bind(params)
-    cur = psycopg.AsyncRawCursor(conn)
-    async with conn.transaction(force_rollback=True):
-        if generic:
-            await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-            # A prepared statement: the plan the dispatcher's warm connection runs.
-            for _ in range(2):
-                await cur.execute(query, bound, prepare=True)
-        await cur.execute(b"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query, bound)
-        row = await cur.fetchone()
-    assert row is not None
-    doc = row[0] if not isinstance(row[0], str) else json.loads(row[0])
-    plan = doc[0]["Plan"]
+    doc, plan = await _explained(conn, query, bound, generic=generic)
     # The claim took what it asked for ...
     assert plan["Actual Rows"] == 4
     # ... reading a bounded number of buffers per queued run (the quadratic plan read
@@ -181,19 +189,9 @@ async def test_a_claim_of_one_run_probes_it_by_key_on_a_small_table(
     # (Three queued: the two executions that prepare the statement take one each. No
     # ANALYZE: a young table's planner works from its size on disk.)
     await conn.execute(query, {"prefix": "new", "conversations": 3, "tenant": None, "n": 3})
-    req = claims.ClaimRequest(
-        statement.removeprefix("claim").removeprefix("_") or "fair", 1, 30.0, "w", limits=not lean
-    )  # type: ignore[arg-type]
+    order: claims.ClaimOrder = "fair" if statement == "claim" else "fifo"
+    req = claims.ClaimRequest(order, 1, 30.0, "w", limits=not lean)
     claim, bound = claims.statement(schema, req)
-    cur = psycopg.AsyncRawCursor(conn)
-    async with conn.transaction(force_rollback=True):
-        await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-        for _ in range(2):  # (prepared: the plan a dispatcher's warm connection runs)
-            await cur.execute(claim, bound, prepare=True)
-        await cur.execute(b"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + claim, bound)
-        row = await cur.fetchone()
-    assert row is not None
-    doc = row[0] if not isinstance(row[0], str) else json.loads(row[0])
-    plan = doc[0]["Plan"]
+    doc, plan = await _explained(conn, claim, bound, generic=True)
     assert plan["Actual Rows"] == 1
     assert "Seq Scan" not in _scans_of(plan, "agent_run"), json.dumps(doc, indent=1)[:4000]
