@@ -86,7 +86,8 @@ class ClaimRequest(NamedTuple):
 
 @functools.cache
 def _off(tree_cap: bool, same_version: bool, limits: bool, one: bool) -> frozenset[str]:
-    """The claim's steps a request does not need (fragments switched off: see ``_sql``)."""
+    """The claim's steps a request does not need (fragments switched off: see ``_sql``).
+    ``one``: the request is for one run, whose id the last step compares as a scalar."""
     off: list[str] = ["stamp_many"] if one else []
     if not tree_cap:
         off += ("tree_open", "tree_capped")
