@@ -152,17 +152,18 @@ async def _trim_split(url: str) -> tuple[Any, float]:
     from runrow._gateway._exec import run
     from runrow._retention import drop_expired_partitions
 
-    runs = 0
+    runs = events = 0
     started = time.perf_counter()
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         while True:
             done = await run(conn, gw.trim("runrow", retention_seconds=86400, limit=1000, now=None))
             runs += done.runs
+            events += done.events
             if done.runs < 1000:
                 break
     pass_seconds = time.perf_counter() - started
     dropped = await drop_expired_partitions(url, schema="runrow", retention_seconds=86400, now=None)
-    return TrimResult(runs, 0, dropped), pass_seconds
+    return TrimResult(runs, events, dropped), pass_seconds
 
 
 def _journal_size(s: Any) -> Any:
