@@ -32,11 +32,14 @@ RETURNING 1
 -- Over the attempt's own started row; over an earlier attempt's started row only for a
 -- step declared idempotent (it was run again); an idempotent step is never marked
 -- started, so this also inserts. Sent again after a lost answer, it rewrites its own row.
+-- A wait for children answered before it parked is inserted here with its request: the
+-- request marks the row an input, which a replay must find it to be.
 INSERT INTO {schema}.run_step
     (lineage_id, key, occurrence, position, run_id, status, idempotent, result, error, recorded_at,
-     version)
+     version, request)
 SELECT coalesce(a.lineage_id, a.id), %(key)s, %(occurrence)s, %(position)s, a.id, %(status)s,
-       %(idempotent)s, %(result)s::jsonb, %(error)s::jsonb, now(), a.worker_version
+       %(idempotent)s, %(result)s::jsonb, %(error)s::jsonb, now(), a.worker_version,
+       %(request)s::jsonb
 FROM {schema}.agent_run a
 WHERE a.id = %(run_id)s AND a.claim_token = %(claim_token)s AND a.status = 'running'
 ON CONFLICT (lineage_id, key, occurrence) DO UPDATE SET

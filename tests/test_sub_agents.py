@@ -137,6 +137,30 @@ async def test_children_already_ended_need_no_park_and_first_of_returns_one(
     assert seen[-1] == "late"
 
 
+async def test_a_wait_answered_without_a_park_replays_after_a_later_park(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    # The child has ended before the parent asks, so the wait is recorded at once (no
+    # park); a later input parks the run, and the resumed attempt replays that wait: it
+    # must find it recorded as a wait (an input), not as a step (a CI flake of the test
+    # above, made certain here).
+    seen: list[Any] = []
+
+    async def parent(run: runrow.RunContext) -> None:
+        (child,) = await run.spawn_many([("c", "x")])
+        await wait_for(lambda: _is(conn, schema, child, "completed"), what="the child to end")
+        seen.append([(r.status, r.answer) for r in await run.wait_for_children([child])])
+        seen.append(await run.wait_for_input("more", {"q": "?"}))
+
+    run = await runrow.enqueue(dsn, schema=schema, conversation_id="p", user_id="u", content="go")
+    async with runrow.Dispatcher(dsn, parent, agents={"c": echo}, schema=schema, concurrency=4, **FAST):
+        await wait_for(lambda: _is(conn, schema, run.id, "waiting"), what="the parent to park")
+        assert await runrow.provide_input(dsn, run.id, "more", "yes", schema=schema)
+        await wait_for(lambda: is_terminal(conn, schema, run.id), what="the parent to complete")
+    assert await status_of(conn, schema, run.id) == "completed"
+    assert seen == [[("completed", "echo x")], [("completed", "echo x")], "yes"]
+
+
 async def test_spawn_refuses_an_unknown_key_and_limits_hold(
     dsn: str, schema: str, conn: psycopg.AsyncConnection
 ) -> None:

@@ -290,7 +290,9 @@ class Steps:
             where = {"key": key, "occurrence": 0, "position": position}
             if prior is not None and prior.run_id != self._run_id:  # an earlier attempt's park
                 await self._write(_gw.wait, **where, request=text)
-            got = await self._write(_gw.record, **where, idempotent=True, result=outcomes, error=None)
+            got = await self._write(
+                _gw.record, **where, idempotent=True, result=outcomes, error=None, request=text
+            )
             if position == self._resume_at:
                 self._unmute()
             return got.result

@@ -79,9 +79,11 @@ def record(
     idempotent: bool,
     result: str | None,
     error: str | None,
+    request: str | None = None,
 ) -> Plan[Recorded | None]:
     """Records the step's outcome (``result`` or ``error``, JSON text); None if the
-    fence matched nothing."""
+    fence matched nothing. ``request`` (JSON text) marks a row it inserts an input: a
+    wait for children answered before it parked."""
     rows = yield Query(
         _sql.statement("step_record", schema),
         {
@@ -94,6 +96,7 @@ def record(
             "idempotent": idempotent,
             "result": result,
             "error": error,
+            "request": request,
         },
     )
     return Recorded(rows[0][0]) if rows else None
