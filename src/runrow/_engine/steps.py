@@ -287,12 +287,10 @@ class Steps:
                 self._journal.answer_taken()
             return prior.result
         if children is not None and (outcomes := await children.ready()) is not None:
-            where = {"key": key, "occurrence": 0, "position": position}
+            where = {"key": key, "occurrence": 0, "position": position, "request": text}
             if prior is not None and prior.run_id != self._run_id:  # an earlier attempt's park
-                await self._write(_gw.wait, **where, request=text)
-            got = await self._write(
-                _gw.record, **where, idempotent=True, result=outcomes, error=None, request=text
-            )
+                await self._write(_gw.wait, **where)
+            got = await self._write(_gw.record, **where, idempotent=True, result=outcomes, error=None)
             if position == self._resume_at:
                 self._unmute()
             return got.result
