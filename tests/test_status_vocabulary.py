@@ -1,5 +1,5 @@
-"""One run-status vocabulary: the Python literal (runrow/_status.py), the schema's CHECK
-constraint as a migrated database holds it, the OpenAPI document of runrow.http, and the
+"""One run-status vocabulary: the Python literal (runrow/_status.py), the schema's status
+rule as a migrated database holds it, the OpenAPI document of runrow.http, and the
 live set SQL writes once (the ``live_status`` fragment) with the partial indexes and the
 checks built on it all agree. A status added on one side only fails here."""
 
@@ -30,14 +30,22 @@ def _literals(text: str) -> set[str]:
 
 
 async def _constraint(conn: psycopg.AsyncConnection, schema: str, name: str) -> set[str]:
+    """The literals of agent_run's rule ``name``: since migration 22 a branch of the
+    function its one CHECK constraint calls (``agent_run_rules``), whose fast path must
+    hold the same rule word for word."""
     cur = await conn.execute(
-        "SELECT pg_get_constraintdef(c.oid) FROM pg_constraint c"
-        " WHERE c.conname = %s AND c.conrelid = (quote_ident(%s) || '.agent_run')::regclass",
-        (name, schema),
+        "SELECT prosrc FROM pg_proc WHERE proname = 'agent_run_rules'"
+        " AND pronamespace = quote_ident(%s)::regnamespace",
+        (schema,),
     )
     row = await cur.fetchone()
-    assert row is not None, f"no constraint {name} on agent_run"
-    return _literals(row[0])
+    assert row is not None, "no function agent_run_rules"
+    fast, naming = row[0].split("broken :=", 1)
+    found = re.search(rf"WHEN NOT ((?:(?!WHEN NOT).)*?)\s+THEN '{name}'", naming, re.DOTALL)
+    assert found is not None, f"no rule {name} in agent_run_rules"
+    rule = found.group(1)
+    assert re.sub(r"\s+", "", rule) in re.sub(r"\s+", "", fast), f"the fast path lacks {name}"
+    return _literals(rule)
 
 
 async def _index_predicates(conn: psycopg.AsyncConnection, schema: str) -> dict[str, str]:

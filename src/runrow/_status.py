@@ -1,6 +1,7 @@
 """The run-status vocabulary: every status a run can have, and the sets runrow reasons with.
 
-One place on the Python side. The schema's ``agent_run_status_check`` constraint and the
+One place on the Python side. The schema's ``agent_run_status_check`` rule (in the
+function ``agent_run_rules`` that agent_run's check constraint calls) and the
 OpenAPI document of :mod:`runrow.http` must list the same statuses, and the live set is
 written once in SQL (the ``live_status`` fragment in ``sql/fragments.sql``):
 ``tests/test_status_vocabulary.py`` holds all of them together.
