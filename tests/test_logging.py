@@ -20,16 +20,28 @@ SECRET = "TOPSECRET-7f3a"
 async def test_server_error_descriptions_leave_out_row_data(
     schema: str, conn: psycopg.AsyncConnection
 ) -> None:
+    messages = table(schema, "message")
+    with pytest.raises(psycopg.IntegrityError) as info:  # no content: a NOT NULL column
+        await conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (conversation_id, role, content, status, turn, user_id)"
+                " VALUES ('c', 'user', NULL, 'sent', 1, %s)"
+            ).format(messages),
+            (SECRET,),
+        )
+    assert SECRET in str(info.value)  # the server quotes the failing row in DETAIL...
+    text = describe(info.value)
+    assert SECRET not in text and "23502" in text and "not-null constraint" in text  # ...describe() does not
+    # A broken rule (since schema 23 a function's check) is described by its name alone.
     with pytest.raises(psycopg.IntegrityError) as info:
         await conn.execute(
             sql.SQL(
                 "INSERT INTO {} (conversation_id, role, content, status, turn) VALUES (%s, 'nobody', %s, 'sent', 1)"
-            ).format(table(schema, "message")),
+            ).format(messages),
             ("c", psycopg.types.json.Jsonb(SECRET)),
         )
-    assert SECRET in str(info.value)  # the server quotes the failing row in DETAIL...
     text = describe(info.value)
-    assert SECRET not in text and "23514" in text and "check constraint" in text  # ...describe() does not
+    assert SECRET not in text and "23514" in text and 'check constraint "message_role_check"' in text
 
 
 async def test_a_run_logs_ids_and_outcomes_but_no_content_when_error_messages_are_off(
