@@ -7,17 +7,18 @@ CREATE FUNCTION {schema}.run_step_rules(s {schema}.run_step) RETURNS boolean
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
 DECLARE
     broken text;
+    -- What the status implies for the outcome (NULL for a NULL status: passes, as before).
+    outcome boolean := CASE s.status
+        WHEN 'started' THEN s.result IS NULL AND s.error IS NULL AND s.recorded_at IS NULL
+        WHEN 'waiting' THEN s.result IS NULL AND s.error IS NULL AND s.recorded_at IS NULL
+                            AND s.request IS NOT NULL
+        WHEN 'recorded' THEN s.result IS NOT NULL AND s.error IS NULL AND s.recorded_at IS NOT NULL
+        ELSE s.result IS NULL AND s.error IS NOT NULL AND s.recorded_at IS NOT NULL
+    END;
 BEGIN
     IF (s.status IN ('started', 'recorded', 'failed', 'waiting')
         AND length(s.key) BETWEEN 1 AND 200 AND s.occurrence >= 0 AND s.position >= 0
-        AND CASE s.status
-                WHEN 'started' THEN s.result IS NULL AND s.error IS NULL AND s.recorded_at IS NULL
-                WHEN 'waiting' THEN s.result IS NULL AND s.error IS NULL AND s.recorded_at IS NULL
-                                    AND s.request IS NOT NULL
-                WHEN 'recorded' THEN s.result IS NOT NULL AND s.error IS NULL
-                                     AND s.recorded_at IS NOT NULL
-                ELSE s.result IS NULL AND s.error IS NOT NULL AND s.recorded_at IS NOT NULL
-            END) IS NOT FALSE THEN
+        AND outcome) IS NOT FALSE THEN
         RETURN true;
     END IF;
     broken := CASE
@@ -25,14 +26,7 @@ BEGIN
         WHEN NOT length(s.key) BETWEEN 1 AND 200 THEN 'run_step_key_check'
         WHEN NOT s.occurrence >= 0 THEN 'run_step_occurrence_check'
         WHEN NOT s.position >= 0 THEN 'run_step_position_check'
-        WHEN NOT CASE s.status
-                WHEN 'started' THEN s.result IS NULL AND s.error IS NULL AND s.recorded_at IS NULL
-                WHEN 'waiting' THEN s.result IS NULL AND s.error IS NULL AND s.recorded_at IS NULL
-                                    AND s.request IS NOT NULL
-                WHEN 'recorded' THEN s.result IS NOT NULL AND s.error IS NULL
-                                     AND s.recorded_at IS NOT NULL
-                ELSE s.result IS NULL AND s.error IS NOT NULL AND s.recorded_at IS NOT NULL
-            END THEN 'run_step_outcome_check'
+        WHEN NOT outcome THEN 'run_step_outcome_check'
     END;
     RAISE EXCEPTION 'new row for relation "run_step" violates check constraint "%"', broken
         USING ERRCODE = 'check_violation', CONSTRAINT = broken, TABLE = 'run_step';
