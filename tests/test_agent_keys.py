@@ -11,9 +11,12 @@ import json
 
 import psycopg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import runrow
 import runrow.sync
+from runrow._gateway.claims import _text_array
 from runrow._workers import unserved_runs
 from runrow.cli import main
 
@@ -124,3 +127,18 @@ def test_a_dispatcher_needs_an_agent_and_checks_its_keys() -> None:
     with pytest.raises(runrow.InvalidInput, match="agent_key"):
         runrow.sync.enqueue("postgresql://x", conversation_id="c", user_id="u", content="x", agent_key="")
     assert json.dumps(runrow.Dispatcher("postgresql://x", agents={"b": _answering("b")}).settings.agent_keys)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    keys=st.lists(
+        st.text(st.characters(exclude_characters="\x00", exclude_categories=("Cs",)), max_size=12), max_size=4
+    )
+)
+async def test_the_claims_agent_keys_literal_reads_back_as_the_keys(
+    conn: psycopg.AsyncConnection, keys: list[str]
+) -> None:
+    # The claim sends a worker's keys as one cached text[] literal: quotes, backslashes,
+    # commas, braces, spaces and NULL-looking words must come back as they went.
+    cur = await conn.execute("SELECT %s::text[]", (_text_array(tuple(keys)),))
+    assert await cur.fetchone() == (keys,)

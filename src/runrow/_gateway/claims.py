@@ -119,10 +119,18 @@ def _params(req: ClaimRequest) -> dict[str, Any]:
         "retry_policy": req.retry_policy,
         "version": req.version,
         "same_version": req.same_version,
-        "agent_keys": list(req.agent_keys),
+        "agent_keys": _text_array(tuple(req.agent_keys)),
         "serves_default": req.serves_default,
         "tree_cap": req.tree_cap,
     }
+
+
+@functools.lru_cache(maxsize=64)
+def _text_array(items: tuple[str, ...]) -> str:
+    """``items`` as a text[] literal (the statement casts it): a worker's keys are the same
+    on every claim, and psycopg would inspect and adapt the list again each time."""
+    quoted = ('"' + i.replace("\\", "\\\\").replace('"', '\\"') + '"' for i in items)
+    return "{" + ",".join(quoted) + "}"
 
 
 def rows_cursor(conn: AsyncConnection) -> AsyncRawCursor[ClaimedRun]:

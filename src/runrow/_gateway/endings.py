@@ -60,22 +60,28 @@ def finalize_params(endings: Sequence[Ending], channels: Channels) -> dict[str, 
     events: list[dict[str, Any]] = []
     for e in endings:
         run_id = str(e.run_id)  # (once per run: a UUID's text costs a microsecond)
-        runs.append(
-            {
-                "id": run_id,
-                "token": str(e.claim_token),
-                "status": e.status,
-                "error": e.error,
-                "partial": e.partial,
-                "partial_id": None if e.partial_id is None else str(e.partial_id),
-                "retry": e.retry,
-                "input_timeout": e.input_timeout,
-                "awaiting": None if e.awaiting is None else [str(c) for c in e.awaiting],
-                "await_any": e.await_any,
-                "retry_after": e.retry_after,
-                "gate_key": e.gate_key,
-            }
-        )
+        run: dict[str, Any] = {"id": run_id, "token": str(e.claim_token), "status": e.status}
+        # The rest only when set: a key left out reads as NULL, and the usual ending (no
+        # error, text, retry, wait or gate) then costs no encoding of nine nulls and falses.
+        if e.error is not None:
+            run["error"] = e.error
+        if e.partial is not None:
+            run["partial"] = e.partial
+        if e.partial_id is not None:
+            run["partial_id"] = str(e.partial_id)
+        if e.retry:
+            run["retry"] = True
+        if e.input_timeout is not None:
+            run["input_timeout"] = e.input_timeout
+        if e.awaiting is not None:
+            run["awaiting"] = [str(c) for c in e.awaiting]
+        if e.status == "waiting":  # (a park stores it, false included)
+            run["await_any"] = e.await_any
+        if e.retry_after is not None:
+            run["retry_after"] = e.retry_after
+        if e.gate_key is not None:
+            run["gate_key"] = e.gate_key
+        runs.append(run)
         events.extend(
             {"run_id": run_id, "seq": seq, "type": etype, "payload": payload}
             for seq, etype, payload in e.events
