@@ -1,4 +1,5 @@
-"""A run's ending and the claim for the slot it frees share one transaction (#24).
+"""With ``claim_with_endings=True``, a run's ending and the claim for the slot it frees
+share one transaction (#24); by default they do not (the claim loop claims at once).
 
 Proven on the database's own record: a trigger logs the transaction id of every status
 change, so "one transaction" is read off the server, not inferred from timing. Then the
@@ -24,14 +25,21 @@ from .helpers import assert_journal_sound, enqueue_turn, status_of, table, wait_
 
 pytestmark = pytest.mark.anyio
 
-FAST = {"poll": 0.5, "heartbeat": 0.2, "lease": 2.0, "grace": 1.0, "reap_interval": 0.2}
+FAST: dict[str, Any] = {
+    "poll": 0.5,
+    "heartbeat": 0.2,
+    "lease": 2.0,
+    "grace": 1.0,
+    "reap_interval": 0.2,
+    "claim_with_endings": True,
+}
 
 
 async def noop(run: runrow.RunContext) -> None:
     return None
 
 
-async def _log_status_changes(conn: psycopg.AsyncConnection, schema: str) -> None:
+async def log_status_changes(conn: psycopg.AsyncConnection, schema: str) -> None:
     """status_log(run_id, status, tx): one row per status change of a run, with the
     transaction that made it."""
     await conn.execute(
@@ -52,7 +60,7 @@ async def _log_status_changes(conn: psycopg.AsyncConnection, schema: str) -> Non
     )
 
 
-async def _txs(conn: psycopg.AsyncConnection, schema: str, run_id: Any) -> dict[str, int]:
+async def status_txs(conn: psycopg.AsyncConnection, schema: str, run_id: Any) -> dict[str, int]:
     cur = await conn.execute(
         sql.SQL("SELECT status, tx FROM {} WHERE run_id = %s").format(table(schema, "status_log")), (run_id,)
     )
@@ -64,13 +72,36 @@ async def test_a_turns_ending_and_the_next_turns_claim_commit_together(
 ) -> None:
     """Five turns of one conversation, queued before the worker starts: each turn after
     the first is claimed in the very transaction that ends the turn before it."""
-    await _log_status_changes(conn, schema)
+    await log_status_changes(conn, schema)
     turns = [await enqueue_turn(dsn, schema, "c") for _ in range(5)]
     async with runrow.Dispatcher(dsn, noop, schema=schema, concurrency=1, **FAST):
         await wait_for(lambda: _all_done(conn, schema, turns), what="five turns done")
-    txs = [await _txs(conn, schema, t.id) for t in turns]
+    txs = [await status_txs(conn, schema, t.id) for t in turns]
     for before, after in itertools.pairwise(txs):
         assert before["completed"] == after["running"], (before, after)
+    for t in turns:
+        await assert_journal_sound(conn, schema, t.id)
+
+
+async def test_by_default_the_next_claim_is_its_own_transaction_and_no_poll_is_waited(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    """The default: a freed slot goes to the claim loop at once, so each turn is claimed in
+    a transaction of its own, never the one that ends the turn before it. The claim loop
+    is woken by the ending itself, not by a NOTIFY or the poll tick: with notifications
+    off and a 60 s poll, five turns of one conversation still run back to back."""
+    await log_status_changes(conn, schema)
+    turns = [await enqueue_turn(dsn, schema, "c") for _ in range(5)]
+    slow_poll = {**FAST, "poll": 60.0, "reap_interval": 0.2}
+    del slow_poll["claim_with_endings"]
+    async with runrow.Dispatcher(
+        dsn, noop, schema=schema, concurrency=1, notifications=False, **slow_poll
+    ) as d:
+        assert d.settings.claim_with_endings is False
+        await wait_for(lambda: _all_done(conn, schema, turns), timeout=10.0, what="five turns done")
+    txs = [await status_txs(conn, schema, t.id) for t in turns]
+    for before, after in itertools.pairwise(txs):
+        assert before["completed"] != after["running"], (before, after)
     for t in turns:
         await assert_journal_sound(conn, schema, t.id)
 
@@ -81,7 +112,7 @@ async def test_a_refused_claim_does_not_cost_the_ending(
     """The claim made with an ending is refused (a trigger raises while the poison run is
     claimed, until the test lets it through): the ending is written again alone and
     lands; the refused run is claimed later by the claim loop and completes too."""
-    await _log_status_changes(conn, schema)
+    await log_status_changes(conn, schema)
     await conn.execute(
         sql.SQL(
             """
@@ -122,9 +153,9 @@ async def test_a_refused_claim_does_not_cost_the_ending(
         stats = d.get_stats()
     assert stats["completed"] == 2 and stats["lost"] == 0, stats
     # The first ending and the poison run's claim did not commit together.
-    assert (await _txs(conn, schema, first.id))["completed"] != (await _txs(conn, schema, poison.id))[
-        "running"
-    ]
+    assert (await status_txs(conn, schema, first.id))["completed"] != (
+        await status_txs(conn, schema, poison.id)
+    )["running"]
     await assert_journal_sound(conn, schema, first.id)
     await assert_journal_sound(conn, schema, poison.id)
 

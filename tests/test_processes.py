@@ -21,7 +21,8 @@ import runrow
 from runrow.demo import store
 
 from .agents import SIDE_EFFECT_DDL, side_effect_table
-from .helpers import assert_journal_sound, run_row, status_of, table, wait_for
+from .helpers import assert_journal_sound, enqueue_turn, run_row, status_of, table, wait_for
+from .test_fold import log_status_changes, status_txs
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]
@@ -454,6 +455,26 @@ async def test_cli_worker_logs_error_messages_unless_told_not_to(
     said = "RuntimeError: the tool broke on 'left-pad'" if opt_in else "RuntimeError ("
     assert said in line and f"runrow runs show {run.id}" in line, line
     assert ("left-pad" in line) is opt_in
+
+
+async def test_cli_worker_claims_with_endings_when_asked(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection, workers: Workers
+) -> None:
+    """`runrow worker --claim-with-endings`: each turn of a conversation queued behind
+    another is claimed in the very transaction that ends the turn before it."""
+    await log_status_changes(conn, schema)
+    turns = [await enqueue_turn(dsn, schema, "c") for _ in range(3)]
+    proc = workers.cli(dsn, schema, "record_agent", "--claim-with-endings")
+
+    async def ended() -> bool:
+        return all([await status_of(conn, schema, t.id) == "completed" for t in turns])
+
+    await wait_for(ended, timeout=20, what="three turns completed")
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=30)
+    txs = [await status_txs(conn, schema, t.id) for t in turns]
+    for before, after in itertools.pairwise(txs):
+        assert before["completed"] == after["running"], (before, after)
 
 
 async def test_cli_worker_retries_when_asked(

@@ -145,6 +145,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     w.add_argument("--no-notify", action="store_true", help="poll only (no LISTEN connection)")
     w.add_argument(
+        "--claim-with-endings",
+        action="store_true",
+        help="claim for a freed slot in the ending's transaction: one commit per run, not two, "
+        "but the next run waits for the ending to commit (docs/howto/workers.md)",
+    )
+    w.add_argument(
         "--listen-database-url",
         help="a direct PostgreSQL URL for LISTEN when --database-url goes through pgbouncer "
         "(default: --database-url)",

@@ -103,6 +103,7 @@ async def cmd_worker(args: argparse.Namespace) -> int:
             version=args.code_version,
             resume_policy=args.resume_policy,
             notifications=not args.no_notify,
+            claim_with_endings=args.claim_with_endings,
             prepared_statements=not args.no_prepared_statements,
             listen_conninfo=args.listen_database_url,
             log_error_messages=args.log_error_messages,
@@ -361,12 +362,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    """Runs one parsed ``runrow`` command and returns its exit status.
-
-    ``main`` after parsing; also the path of the Django app's ``runrow_worker`` and
-    ``runrow_migrate`` commands (``runrow.contrib.django``), which build ``args`` from
-    Django's options and database settings.
-    """
+    """Runs one parsed ``runrow`` command and returns its exit status: ``main`` after
+    parsing, and the Django app's ``runrow_worker`` and ``runrow_migrate`` commands
+    (``runrow.contrib.django``), which build ``args`` from Django's options and settings."""
     configure_logging(verbose=getattr(args, "verbose", False), json_lines=getattr(args, "json", False))
     try:
         if args.command in ("demo", "web"):  # each runs its own event loop (demo: the database first)

@@ -5,10 +5,12 @@ takes up to as many runs as there are free slots (at most one per conversation).
 claims again at once after a claim that took runs, and otherwise parks until a wake-up
 (a NOTIFY on the schema's wake channel, or a run of its own ending) or the poll tick.
 
-A run that ends does not hand its slot back here: the slot rides with its ending, and
-the ending writer claims for it in the ending's own transaction (see ``ending.py``), so
-a busy worker's claims cost no commit of their own. This loop claims for the slots left
-free: at start, after an idle spell, after a claim that came back short.
+A run that ends hands its slot back here at once, and this loop claims for it while the
+ending is written on another connection: the next run does not wait for the ending to
+commit. With ``claim_with_endings`` the slot rides with the ending instead, and the
+ending writer claims for it in the ending's own transaction (see ``ending.py``): one
+commit, not two, and this loop claims only for the slots left free (at start, after an
+idle spell, after a claim that came back short).
 """
 
 from __future__ import annotations

@@ -13,10 +13,11 @@ Every batch runs under a server-side bound that ends the statement before the fi
 its endings' budgets does: an ending given up is then dead on the server, never left
 waiting (on a row lock, say) to commit later.
 
-A run's slot rides with its ending: the batch's first attempt claims for the slots its
-endings free, in the same transaction and round trip (the claim follows the finalize,
-so it sees the endings: a conversation's next turn can be claimed with the end of the
-last). A busy worker's run then costs one commit, not two. Safe because nothing changes
+With ``claim_with_endings`` (by default the claim loop takes a slot back at the
+hand-over), a run's slot rides with its ending: the batch's first attempt claims for the
+slots its endings free, in the same transaction and round trip (the claim follows the
+finalize, so it sees the endings: a conversation's next turn can be claimed with the
+end of the last). A busy worker's run then costs one commit, not two. Safe because nothing changes
 for either write: the endings become visible only when that transaction commits, as
 before; a claim that commits has its runs started here, or reaped if the answer is
 lost (at most once, as for the claim loop's own claims); a claim the server refuses

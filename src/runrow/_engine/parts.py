@@ -84,8 +84,9 @@ class Parts:
         self.appender = Appender(kit)
         self.steps = StepWriter(kit)
         self.claimer = Claimer(kit, roster, self._start)
-        # The ending writer claims for the slots that endings free, with them (see ending.py).
-        self.endings = EndingWriter(kit, roster, self.claimer)
+        # The slots that endings free go to the claim loop at once, or (claim_with_endings)
+        # the ending writer claims for them in the endings' transaction (see ending.py).
+        self.endings = EndingWriter(kit, roster, self.claimer if kit.settings.claim_with_endings else None)
         # The heartbeat and the reaper each keep a connection: keeping claims alive and
         # ending abandoned runs never wait behind the runs' own statements for a pooled
         # connection (a pool that busy would cost leases), nor behind each other.

@@ -62,6 +62,10 @@ class Settings:
     """How many runs a tree may spawn in all (per root, every depth counted)."""
     max_running_per_tree: int | None = None
     """How many of a tree's spawned runs (every depth) it starts at once; None: no cap."""
+    claim_with_endings: bool = False
+    """Whether a slot freed by a run's end is claimed for in that ending's transaction
+    (one commit instead of two; the next run waits for the ending to commit) rather than
+    at once by the claim loop, beside the ending's write."""
     journal_notify: bool = True
     """False drops the journal's per-flush NOTIFY (tails then poll). Not a constructor
     option: the benchmark that measures what the NOTIFY costs sets it."""
@@ -95,6 +99,7 @@ class Settings:
         max_spawn_depth: int = 8,
         max_children: int = 1000,
         max_running_per_tree: int | None = None,
+        claim_with_endings: bool = False,
     ) -> Settings:
         """The settings, with defaults filled in, or :class:`ConfigurationError` naming
         what is wrong. ``own_pool``: the dispatcher opens its pool from a conninfo."""
@@ -170,6 +175,8 @@ class Settings:
             raise ConfigurationError(
                 f"max_running_per_tree must be None or a positive integer below 2**31, got {max_running_per_tree!r}"
             )
+        if not isinstance(claim_with_endings, bool):
+            raise ConfigurationError(f"claim_with_endings must be True or False, got {claim_with_endings!r}")
         return cls(
             schema=schema,
             concurrency=concurrency,
@@ -197,6 +204,7 @@ class Settings:
             max_spawn_depth=max_spawn_depth,
             max_children=max_children,
             max_running_per_tree=max_running_per_tree,
+            claim_with_endings=claim_with_endings,
         )
 
     @property
