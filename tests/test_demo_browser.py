@@ -543,6 +543,7 @@ async def test_an_unanswered_approval_expires(page: Any, dsn: str, schema: str) 
 async def test_the_page_fits_a_phone_screen(watch: Watch, dsn: str, schema: str) -> None:
     """390 px wide (a phone, upright): nothing scrolls sideways, with an answer, a tool
     call and an approval card on the page."""
+    _chromium()  # (skips, or fails under CI, before the demo's server starts, not inside it)
     ARTIFACTS.mkdir(exist_ok=True)
     width = 390
     scroll_width = "() => document.scrollingElement.scrollWidth"
