@@ -112,8 +112,8 @@ class Dispatcher:
     claims for it in the ending's own transaction instead: one commit per run rather than
     two when runs end one at a time (with many in flight, claims are batched either way),
     but the next run starts only once the ending has committed. Measured on one 2-core
-    server with fast fsync, the default is 20-40% faster at 1, 16 and 160 in flight;
-    where a commit is dear (slow fsync, a busy WAL) the fold may pay
+    server with fast fsync, the default drains 13-39% more runs a second at 1, 16 and 160
+    in flight; where a commit is dear (slow fsync, a busy WAL) the fold may pay
     (docs/howto/workers.md).
     """
 
