@@ -15,12 +15,25 @@
 -- (Also generic plans: runrow's statements are written to be planned once, whatever
 -- their parameters, and at depth a custom plan costs 1-3 ms of planning per call, more
 -- than the claim itself runs; see bench/backlog_plans.py.)
-SELECT set_config('jit', 'off', false), set_config('plan_cache_mode', 'force_generic_plan', false)
+-- And the bound on how long a transaction runrow opens on it may wait for runrow's next
+-- statement (own_transaction_local's, set once here: see there).
+SELECT set_config('jit', 'off', false), set_config('plan_cache_mode', 'force_generic_plan', false),
+       set_config('idle_in_transaction_session_timeout', %(idle)s, false)
 
 -- name: jit_off_local
 -- In an implicit transaction (an autocommit connection's pipeline: everything up to the
 -- Sync is one transaction) or runrow's own transaction: lasts until it ends.
 SELECT set_config('jit', 'off', true)
+
+-- name: own_transaction_local
+-- The first statement of a transaction runrow opens itself on a connection whose session
+-- it did not set up (src/runrow/_gateway/_exec.py, own_transaction): JIT off, and a bound
+-- on how long the transaction may sit waiting for its client. A process frozen
+-- mid-transaction (SIGSTOP, a paused VM) then loses its session after %(idle)s and the
+-- rows it locked go free, a lost run's among them, which the reaper must end. Both end
+-- with the transaction. (Nothing bounds a client frozen between a pipeline's statements
+-- and its sync before PostgreSQL 17's transaction_timeout: see the reaper's SKIP LOCKED.)
+SELECT set_config('jit', 'off', true), set_config('idle_in_transaction_session_timeout', %(idle)s, true)
 
 -- name: jit_save_off_local
 -- Inside the host's transaction: remember its setting, then turn JIT off...

@@ -410,9 +410,16 @@ def _recording(sent: list[str]) -> type[psycopg.AsyncCursor[Any]]:
     return Recording
 
 
+_JIT_OFF = "SELECT set_config('jit', 'off', true)"
+_PRELUDE = (
+    "SELECT set_config('jit', 'off', true), set_config('idle_in_transaction_session_timeout', %(idle)s, true)"
+)
+
+
 def _guards(sent: list[str]) -> tuple[int, int, int]:
-    """(jit off, save + off, restore) statements among ``sent`` (sql/session.sql)."""
-    off = sum(1 for q in sent if q.strip() == "SELECT set_config('jit', 'off', true)")
+    """(jit off, save + off, restore) statements among ``sent`` (sql/session.sql); jit off
+    also counts a transaction's prelude (JIT off and the idle bound)."""
+    off = sum(1 for q in sent if q.strip() in (_JIT_OFF, _PRELUDE))
     save = sum(1 for q in sent if "set_config('runrow.saved_jit'" in q)
     restore = sum(1 for q in sent if "current_setting('runrow.saved_jit')" in q)
     return off, save, restore
@@ -452,7 +459,7 @@ async def test_a_transaction_runrow_opens_turns_jit_off_once(dsn: str, schema: s
         statements = len(sent) - sum(_guards(sent))
         assert statements >= 3, sent  # admission lock, stop, enqueue
         assert _guards(sent) == (1, 0, 0), sent
-        assert sent[0].strip() == "SELECT set_config('jit', 'off', true)"
+        assert sent[0].strip() == _PRELUDE
         cur = await conn.execute("SHOW jit")
         assert (await cur.fetchone()) == ("on",), "runrow changed the host's session setting"
         if not autocommit:

@@ -36,24 +36,28 @@ MISSING_SCHEMA = (
 
 
 @asynccontextmanager
-async def atomic(db: Database) -> AsyncIterator[AsyncConnection]:
+async def atomic(db: Database, *, idle_seconds: float | None = None) -> AsyncIterator[AsyncConnection]:
     """A connection on which what runs inside the block commits together or not at all.
 
     A caller's connection already inside a transaction is joined as it is: the work
     commits or rolls back with the caller's own writes. Otherwise runrow opens the
-    transaction and commits it at the end of the block.
+    transaction and commits it at the end of the block; the server ends it (and the
+    session) if it waits more than ``idle_seconds`` for its client (see ``own_transaction``).
     """
     if isinstance(db, AsyncConnection):
         if db.info.transaction_status == TransactionStatus.INTRANS:
             yield db
         else:
-            async with own_transaction(db):
+            async with own_transaction(db, idle_seconds=idle_seconds):
                 yield db
     elif isinstance(db, AsyncConnectionPool):
-        async with db.connection() as conn, own_transaction(conn):
+        async with db.connection() as conn, own_transaction(conn, idle_seconds=idle_seconds):
             yield conn
     elif isinstance(db, str):
-        async with await AsyncConnection.connect(db) as conn, own_transaction(conn):
+        async with (
+            await AsyncConnection.connect(db) as conn,
+            own_transaction(conn, idle_seconds=idle_seconds),
+        ):
             yield conn
     else:
         raise InvalidInput(
@@ -64,10 +68,13 @@ async def atomic(db: Database) -> AsyncIterator[AsyncConnection]:
 
 
 @asynccontextmanager
-async def statement_conn(db: Database | HeldConnection) -> AsyncIterator[AsyncConnection]:
+async def statement_conn(
+    db: Database | HeldConnection, *, idle_seconds: float | None = None
+) -> AsyncIterator[AsyncConnection]:
     """A connection for one self-contained statement (atomic on its own).
 
-    Autocommit connections run it as one round trip; others get a transaction.
+    Autocommit connections run it as one round trip; others get a transaction (bounded
+    by ``idle_seconds``, as :func:`atomic`'s).
     """
     if isinstance(db, HeldConnection):
         async with db.statement() as conn:
@@ -77,7 +84,7 @@ async def statement_conn(db: Database | HeldConnection) -> AsyncIterator[AsyncCo
             if conn.autocommit:
                 yield conn
             else:
-                async with own_transaction(conn):
+                async with own_transaction(conn, idle_seconds=idle_seconds):
                     yield conn
     elif (
         isinstance(db, AsyncConnection)
@@ -86,7 +93,7 @@ async def statement_conn(db: Database | HeldConnection) -> AsyncIterator[AsyncCo
     ):
         yield db
     else:
-        async with atomic(db) as conn:
+        async with atomic(db, idle_seconds=idle_seconds) as conn:
             yield conn
 
 
@@ -170,9 +177,16 @@ class HeldConnection:
     a pool smaller than ``min_pool`` nothing is kept: the other writers need it.
     """
 
-    def __init__(self, pool: Callable[[], AsyncConnectionPool[AsyncConnection]], *, min_pool: int) -> None:
+    def __init__(
+        self,
+        pool: Callable[[], AsyncConnectionPool[AsyncConnection]],
+        *,
+        min_pool: int,
+        idle_seconds: float | None = None,
+    ) -> None:
         self._pool = pool
         self._min_pool = min_pool
+        self._idle = idle_seconds  # (a statement's own transaction, on a pool not in autocommit)
         self._conn: AsyncConnection | None = None
         self._undo: Callable[[AsyncConnection], Awaitable[None]] | None = None
 
@@ -205,13 +219,13 @@ class HeldConnection:
         """A connection for one self-contained statement, as ``statement_conn``."""
         pool = self._pool()
         if pool.max_size < self._min_pool:
-            async with statement_conn(pool) as conn:
+            async with statement_conn(pool, idle_seconds=self._idle) as conn:
                 yield conn
             return
         if self._conn is None:
             self._conn = await pool.getconn()
         try:
-            async with statement_conn(self._conn) as conn:
+            async with statement_conn(self._conn, idle_seconds=self._idle) as conn:
                 yield conn
         except BaseException:
             with anyio.CancelScope(shield=True):

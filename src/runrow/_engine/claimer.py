@@ -55,7 +55,7 @@ class Claimer:
         # (a statement reaches its cached generic plan only after several executions on
         # one connection, and the pool hands connections out in turn), and no pool round
         # trip per claim.
-        self._conn = HeldConnection(kit.pool, min_pool=2)
+        self._conn = HeldConnection(kit.pool, min_pool=2, idle_seconds=kit.settings.tx_idle_seconds)
         self.stopping = False
         """Set by the dispatcher's drain before it cancels the loop."""
         # Whether the next claim carries the rate-limit steps: not after a claim whose

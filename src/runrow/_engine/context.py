@@ -324,7 +324,9 @@ class RunContext:
         resumed run, replaying up to the input it paused on, reads it without the
         messages it wrote (or the text it streamed) after that point of its first pass.
         """
-        async with statement_conn(self._host.pool()) as conn:
+        async with statement_conn(
+            self._host.pool(), idle_seconds=self._host.settings.tx_idle_seconds
+        ) as conn:
             found = await run(
                 conn,
                 reads.transcript(

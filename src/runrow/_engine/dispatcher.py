@@ -17,18 +17,17 @@ import logging
 from typing import TYPE_CHECKING
 
 import anyio
-from psycopg_pool import AsyncConnectionPool
 
 from .._db import statement_conn
 from .._errors import ConfigurationError
 from .._events import DEFAULT_MAX_EVENT_BYTES
 from .._gateway import schema as _schema
-from .._gateway._exec import configure_own, run
+from .._gateway._exec import run
 from .._hub import NotifyHub
 from .._names import DEFAULT_SCHEMA
 from .._observe import Observers
 from .drain import DrainReport
-from .kit import STAT_NAMES, Kit, PoolCheck
+from .kit import STAT_NAMES, Kit, PoolCheck, own_pool
 from .parts import Parts
 from .settings import Settings, check_agents
 
@@ -40,6 +39,7 @@ if TYPE_CHECKING:
 
     from anyio.abc import TaskGroup
     from psycopg import AsyncConnection
+    from psycopg_pool import AsyncConnectionPool
 
     from .._gateway.claims import ClaimOrder, ResumePolicy
     from .._observe import Observer
@@ -203,7 +203,10 @@ class Dispatcher:
 
     @property
     def pool(self) -> AsyncConnectionPool[AsyncConnection]:
-        """The pool the dispatcher uses (its own, or the one it was given)."""
+        """The pool the dispatcher uses (its own, or the one it was given). Its own
+        connections' sessions are set for runrow (JIT off, generic plans, and an
+        ``idle_in_transaction_session_timeout`` of the grace, at most 10 s): open the host's
+        own long transactions on a pool of the host's."""
         if self._pool is None:
             raise RuntimeError("the dispatcher is not running")
         return self._pool
@@ -235,23 +238,7 @@ class Dispatcher:
     async def __aenter__(self) -> Dispatcher:
         s = self._settings
         if isinstance(self._db, str):
-            self._pool = AsyncConnectionPool(
-                self._db,
-                # The connections kept by the claim loop, the ending writer, the journal
-                # writer, the heartbeat and the reaper are ready at start (the first runs
-                # do not wait on connecting), and each run has one more.
-                min_size=min(5, s.concurrency + 5),
-                max_size=s.concurrency + 5,
-                open=False,
-                # Behind a transaction-pooling pgbouncer (< 1.21), server-side prepared
-                # statements break: prepared_statements=False turns them off.
-                # Prepared at first use: the dispatcher repeats a handful of statements.
-                kwargs={"autocommit": True, "prepare_threshold": 0 if s.prepared_statements else None},
-                # A direct connection turns JIT off once for its session; behind a pooler
-                # (prepared_statements=False) every statement carries its own guard.
-                configure=configure_own if s.prepared_statements else None,
-                name=f"runrow-{s.worker_id}",
-            )
+            self._pool = own_pool(self._db, s)
             await self._pool.open(wait=True)
         try:
             async with statement_conn(self.pool) as conn:

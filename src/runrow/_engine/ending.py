@@ -77,7 +77,7 @@ class EndingWriter:
         self._db_trouble = kit.db_trouble
         self._extra = kit.extra
         # Kept between batches (see HeldConnection); its session may carry the bound.
-        self.conn = HeldConnection(kit.pool, min_pool=4)
+        self.conn = HeldConnection(kit.pool, min_pool=4, idle_seconds=kit.settings.tx_idle_seconds)
         # Bounded by finalize_timeout: no run's task waits on its write (see hand_over).
         self._writer: GroupCommit[Handed, bool | None] = GroupCommit(
             self._write_batch, timeout=settings.finalize_timeout

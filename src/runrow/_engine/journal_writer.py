@@ -292,7 +292,7 @@ class Appender:
         self._pool = kit.pool
         self._db_trouble = kit.db_trouble
         # Kept between batches: its prepared statement stays warm (see HeldConnection).
-        self.conn = HeldConnection(kit.pool, min_pool=6)
+        self.conn = HeldConnection(kit.pool, min_pool=6, idle_seconds=kit.settings.tx_idle_seconds)
         self.writer: GroupCommit[Appended, bool] = GroupCommit(self._write_batch)
 
     async def run(self, *, task_status: TaskStatus[None]) -> None:

@@ -8,25 +8,51 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING
 
 import anyio
+from psycopg_pool import AsyncConnectionPool
 
 from .. import _aio
 from .._db import describe
+from .._gateway._exec import configure_own
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from anyio.abc import TaskStatus
     from psycopg import AsyncConnection
-    from psycopg_pool import AsyncConnectionPool
 
     from .._observe import Observers
     from .settings import Settings
     from .signals import Signals
 
 log = logging.getLogger("runrow.dispatcher")
+
+
+def own_pool(conninfo: str, s: Settings) -> AsyncConnectionPool[AsyncConnection]:
+    """The pool a dispatcher opens for itself from a conninfo (not opened yet)."""
+    direct = s.prepared_statements  # (False: behind a transaction pooler, see below)
+    return AsyncConnectionPool(
+        conninfo,
+        # The connections kept by the claim loop, the ending writer, the journal writer,
+        # the heartbeat and the reaper are ready at start (the first runs do not wait on
+        # connecting), and each run has one more.
+        min_size=min(5, s.concurrency + 5),
+        max_size=s.concurrency + 5,
+        open=False,
+        # Prepared at first use: the dispatcher repeats a handful of statements. Behind a
+        # transaction-pooling pgbouncer (< 1.21) server-side prepared statements break:
+        # prepared_statements=False turns them off.
+        kwargs={"autocommit": True, "prepare_threshold": 0 if direct else None},
+        # A direct connection sets JIT off and the idle bound of the worker's
+        # transactions (tx_idle_seconds) once for its session; behind a pooler every
+        # statement carries its own guard, and every such transaction its own bound.
+        configure=partial(configure_own, idle_seconds=s.tx_idle_seconds) if direct else None,
+        name=f"runrow-{s.worker_id}",
+    )
+
 
 STAT_NAMES: tuple[str, ...] = ("claimed", "completed", "failed", "cancelled", "parked", "reaped", "lost")
 STAT_NAMES += ("claim_conflicts", "claims")

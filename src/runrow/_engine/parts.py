@@ -90,8 +90,12 @@ class Parts:
         # The heartbeat and the reaper each keep a connection: keeping claims alive and
         # ending abandoned runs never wait behind the runs' own statements for a pooled
         # connection (a pool that busy would cost leases), nor behind each other.
-        self.beat_conn = HeldConnection(kit.pool, min_pool=UPKEEP_MIN_POOL)
-        self.reap_conn = HeldConnection(kit.pool, min_pool=UPKEEP_MIN_POOL)
+        self.beat_conn = HeldConnection(
+            kit.pool, min_pool=UPKEEP_MIN_POOL, idle_seconds=kit.settings.tx_idle_seconds
+        )
+        self.reap_conn = HeldConnection(
+            kit.pool, min_pool=UPKEEP_MIN_POOL, idle_seconds=kit.settings.tx_idle_seconds
+        )
         self.lease = LeaseKeeper(kit, roster, self.beat_conn)
         self.reaper = Reaper(kit, roster, self.reap_conn)
         self.schema_watch = SchemaWatch(kit, roster, self.stop_claiming)

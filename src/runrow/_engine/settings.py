@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _json
 from .._errors import ConfigurationError, InvalidInput
+from .._gateway._exec import OWN_TX_IDLE_SECONDS
 from .._names import Channels, check_schema
 from .._retry import RetryPolicy
 
@@ -69,6 +70,15 @@ class Settings:
     journal_notify: bool = True
     """False drops the journal's per-flush NOTIFY (tails then poll). Not a constructor
     option: the benchmark that measures what the NOTIFY costs sets it."""
+
+    @property
+    def tx_idle_seconds(self) -> float:
+        """How long a transaction the worker opens may wait for the worker before the
+        server ends it (see ``own_transaction``): at most the grace, so that a worker
+        frozen mid-transaction (a spawn's, or any statement's on a pool not in autocommit)
+        has let go of its rows by the time the reaper may end its runs; never under a
+        second, which no legitimate pause between two statements comes near."""
+        return max(1.0, min(OWN_TX_IDLE_SECONDS, self.grace))
 
     @classmethod
     def validate(

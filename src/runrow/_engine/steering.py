@@ -101,7 +101,9 @@ class Steering:
     async def _alone(self, plan: Plan[Any]) -> Any:
         # (Its own transaction, not the step writer's shared one: it locks the run's row
         # and the turns it absorbs, and a stop holding them must delay no other run's writes.)
-        async with statement_conn(self._host.pool()) as conn:
+        async with statement_conn(
+            self._host.pool(), idle_seconds=self._host.settings.tx_idle_seconds
+        ) as conn:
             return await run(conn, plan)
 
 

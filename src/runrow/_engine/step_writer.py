@@ -32,7 +32,7 @@ class StepWriter:
 
     def __init__(self, kit: Kit) -> None:
         # Kept between batches, as the appender's (see HeldConnection).
-        self.conn = HeldConnection(kit.pool, min_pool=8)
+        self.conn = HeldConnection(kit.pool, min_pool=8, idle_seconds=kit.settings.tx_idle_seconds)
         # A step write's budget is half the lease (see Steps._retrying): no batch outlasts it.
         self.writer: GroupCommit[Callable[[], Plan[Any]], Any] = GroupCommit(
             self._write_batch, timeout=kit.settings.lease / 2

@@ -246,8 +246,9 @@ class Steps:
             self._unmute()
 
     async def _read_book(self) -> list[StepRecord]:
-        async with statement_conn(self._host.pool()) as conn:
-            return await run(conn, _gw.load(self._host.settings.schema, run_id=self._run_id))
+        s = self._host.settings
+        async with statement_conn(self._host.pool(), idle_seconds=s.tx_idle_seconds) as conn:
+            return await run(conn, _gw.load(s.schema, run_id=self._run_id))
 
     def _unmute(self) -> None:
         if self._journal is not None:

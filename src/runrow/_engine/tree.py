@@ -155,7 +155,7 @@ class Spawner:
     async def enqueue(self, children: Sequence[EnqueueOptions]) -> list[str]:
         """Enqueues ``children`` in one transaction fenced by the parent's claim; their ids."""
         s = self._host.settings
-        async with atomic(self._host.pool()) as conn:
+        async with atomic(self._host.pool(), idle_seconds=s.tx_idle_seconds) as conn:
             ids = await run(conn, self._plan(s.schema, children, s.max_spawn_depth, s.max_children))
         if ids is None:
             self._host.lost(self._run.id)
@@ -233,5 +233,7 @@ class Family:
 
     async def _outcomes(self, ids: Sequence[uuid.UUID]) -> list[_gw.ChildOutcome]:
         lineage = self._run.row.lineage_id or self._run.id
-        async with statement_conn(self._host.pool()) as conn:
+        async with statement_conn(
+            self._host.pool(), idle_seconds=self._host.settings.tx_idle_seconds
+        ) as conn:
             return await run(conn, _gw.child_outcomes(self._host.settings.schema, parent=lineage, ids=ids))

@@ -13,6 +13,7 @@ in :func:`_guard`, for both.
 
 from __future__ import annotations
 
+import math
 import weakref
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
@@ -46,22 +47,47 @@ _CAN_JIT: weakref.WeakSet[AnyConnection] = weakref.WeakSet()
 # whether JIT is already off in it: once it is, the rest of the transaction runs plainly.
 _OWN_TX: weakref.WeakKeyDictionary[AnyConnection, bool] = weakref.WeakKeyDictionary()
 
+OWN_TX_IDLE_SECONDS = 10.0
+"""How long a transaction runrow opens itself may wait for its client before the server
+ends it (``idle_in_transaction_session_timeout``): a process frozen mid-transaction
+(SIGSTOP, a paused VM) would otherwise hold the rows it locked, a lost run the reaper
+must end among them, for as long as the freeze lasts. runrow sends a transaction's
+statements back to back, so a legitimate one never idles near this long."""
 
-async def configure_own(conn: AsyncConnection) -> None:
-    """Turns JIT off for the session of a connection runrow opened and keeps to itself.
+# Runrow's own connections whose session carries that bound (see configure_own), and its
+# value: their transactions need no prelude of their own.
+_IDLE_BOUND: weakref.WeakKeyDictionary[AnyConnection, float] = weakref.WeakKeyDictionary()
+
+
+def _idle(seconds: float | None) -> tuple[float, dict[str, str]]:
+    """The idle bound (seconds), and the parameters that set it (sql/session.sql)."""
+    value = OWN_TX_IDLE_SECONDS if seconds is None else seconds
+    if not value > 0:  # (also refuses NaN)
+        raise ValueError(f"idle_seconds must be above 0, got {seconds!r}")
+    return value, {"idle": f"{max(1, round(value * 1000))}ms"}
+
+
+async def configure_own(conn: AsyncConnection, *, idle_seconds: float | None = None) -> None:
+    """Sets up the session of a connection runrow opened and keeps to itself: JIT off,
+    and the idle bound of the transactions runrow opens on it (``idle_seconds``, see
+    :data:`OWN_TX_IDLE_SECONDS`), which then need no setting of their own.
 
     One statement per connection, none per statement afterwards. Only for direct
     connections: behind a transaction pooler the next statement may run on another
     server session, so those connections take the per-statement guard of :func:`execute`.
     """
-    await conn.execute(_sql.statement("jit_off_session", "public"))
+    seconds, params = _idle(idle_seconds)
+    await conn.execute(_sql.statement("jit_off_session", "public"), params)
     _JIT_OFF.add(conn)
+    _IDLE_BOUND[conn] = seconds
 
 
-def configure_own_sync(conn: Connection[Any]) -> None:
+def configure_own_sync(conn: Connection[Any], *, idle_seconds: float | None = None) -> None:
     """:func:`configure_own` for a synchronous connection."""
-    conn.execute(_sql.statement("jit_off_session", "public"))
+    seconds, params = _idle(idle_seconds)
+    conn.execute(_sql.statement("jit_off_session", "public"), params)
     _JIT_OFF.add(conn)
+    _IDLE_BOUND[conn] = seconds
 
 
 def _probe(conn: AnyConnection) -> bytes | None:
@@ -189,21 +215,34 @@ def execute_sync(
     return cur
 
 
-@asynccontextmanager
-async def own_transaction(conn: AsyncConnection) -> AsyncIterator[AsyncConnection]:
-    """``conn.transaction()``, opened by runrow on a connection that was not inside one:
-    :func:`execute` turns JIT off once for all of it (it ends with the transaction).
+def _bounded(conn: AnyConnection, seconds: float) -> bool:
+    """Whether ``conn``'s session already holds runrow's transactions to ``seconds`` or less."""
+    return conn in _JIT_OFF and _IDLE_BOUND.get(conn, math.inf) <= seconds
 
-    Nothing inside may open a savepoint before the first statement: a savepoint rolled
-    back would take the setting with it. runrow's own blocks open none.
+
+@asynccontextmanager
+async def own_transaction(
+    conn: AsyncConnection, *, idle_seconds: float | None = None
+) -> AsyncIterator[AsyncConnection]:
+    """``conn.transaction()``, opened by runrow on a connection that was not inside one.
+
+    The server ends it, and its session, if it waits more than ``idle_seconds`` (default
+    :data:`OWN_TX_IDLE_SECONDS`) for its client: a client frozen mid-transaction lets go
+    of the rows it locked. Unless the connection's session already carries that bound
+    (runrow's own, see :func:`configure_own`), the transaction starts with a statement
+    that sets it and turns JIT off, both local to the transaction; the rest of it then
+    runs plainly. That statement is a round trip of its own: pipelined with the next
+    one, psycopg's flush request after the pipeline's sync would leave the server's idle
+    timer off until a later statement (and ``BEGIN`` pipelined keeps the whole
+    transaction in pipeline mode, where no statement ends with a sync, so none arms it).
     """
-    if conn.autocommit:
-        await _no_jit(conn)  # (asked while still idle: inside the transaction it cannot be)
+    seconds, params = _idle(idle_seconds)
     async with conn.transaction():
-        if conn in _JIT_OFF or conn in _NO_JIT:
+        if _bounded(conn, seconds):
             yield conn
             return
-        _OWN_TX[conn] = False
+        await conn.execute(_sql.statement("own_transaction_local", "public"), params)
+        _OWN_TX[conn] = True
         try:
             yield conn
         finally:
@@ -211,15 +250,17 @@ async def own_transaction(conn: AsyncConnection) -> AsyncIterator[AsyncConnectio
 
 
 @contextmanager
-def own_transaction_sync(conn: Connection[Any]) -> Iterator[Connection[Any]]:
+def own_transaction_sync(
+    conn: Connection[Any], *, idle_seconds: float | None = None
+) -> Iterator[Connection[Any]]:
     """:func:`own_transaction` for a synchronous connection."""
-    if conn.autocommit:
-        _no_jit_sync(conn)
+    seconds, params = _idle(idle_seconds)
     with conn.transaction():
-        if conn in _JIT_OFF or conn in _NO_JIT:
+        if _bounded(conn, seconds):
             yield conn
             return
-        _OWN_TX[conn] = False
+        conn.execute(_sql.statement("own_transaction_local", "public"), params)
+        _OWN_TX[conn] = True
         try:
             yield conn
         finally:
