@@ -280,29 +280,17 @@ WITH locked AS (
 ), ev AS (
     INSERT INTO {schema}.run_event (run_id, seq, type, payload)
     SELECT fin.id,
-           (SELECT coalesce(max(e.seq), 0) + 1 FROM {schema}.run_event e
-            WHERE e.run_id = fin.id AND {schema}.run_ms(e.run_id) = {schema}.run_ms(fin.id)),
+           {schema}.journal_last_seq(fin.id) + 1,  -- (functions: see migration 0025)
            'complete',
            jsonb_build_object(
                'status', fin.status,
                'error', fin.error,
                'reason', fin.reason,
-               'uncertain_tool_calls', (
-                   SELECT coalesce(jsonb_agg(jsonb_build_object(
-                              'tool_call_id', s.payload -> 'tool_call_id',
-                              'name', s.payload -> 'name') ORDER BY s.seq), '[]'::jsonb)
-                   FROM {schema}.run_event s
-                   -- (A waiting run parked on purpose: its worker was not lost in the
-                   -- middle of a call, so none is uncertain: a call announced before the
-                   -- wait, awaiting approval, never ran.)
-                   WHERE s.run_id = fin.id AND {schema}.run_ms(s.run_id) = {schema}.run_ms(fin.id)
-                     AND s.type = 'tool_call_started' AND NOT fin.parked
-                     AND s.payload ? 'tool_call_id'
-                     AND NOT EXISTS (
-                         SELECT 1 FROM {schema}.run_event f
-                         WHERE f.run_id = fin.id AND {schema}.run_ms(f.run_id) = {schema}.run_ms(fin.id)
-                           AND f.type = 'tool_call_finished'
-                           AND f.payload -> 'tool_call_id' = s.payload -> 'tool_call_id')))
+               -- (A waiting run parked on purpose: its worker was not lost in the middle
+               -- of a call, so none is uncertain: a call announced before the wait,
+               -- awaiting approval, never ran.)
+               'uncertain_tool_calls', CASE WHEN fin.parked THEN '[]'::jsonb
+                                            ELSE {schema}.journal_uncertain_tool_calls(fin.id) END)
     FROM fin
 ), {retried}
 ), {woke_parents}

@@ -223,15 +223,6 @@ webhook_outbox AS (
     ORDER BY a.id, w.name
 )
 
--- fragment: run_made_by_now
--- A bound on the partition key, run_ms(run_id), that every run made so far is under: a
--- run's id carries the database's clock when it was made (new_run_id), so none is ahead
--- of now, give or take an hour for a clock stepped back. A lookup of one run's events
--- by a per-row run id prunes partitions only as it runs, after the statement has built
--- a scan of every partition; with this stable bound beside it, the partitions made ahead
--- (journal_settings.premake) are pruned as the statement starts and never built.
-((extract(epoch FROM now()) * 1000)::bigint + 3600000)
-
 -- fragment: stamp_many
 -- The claim's rows to stamp: by primary key from an array, not joined (joined, a long
 -- queue's estimates could turn the join into a hash of the whole table).
@@ -267,7 +258,5 @@ RETURNING a.id, a.claim_token, a.conversation_id, a.user_id, a.tenant_id, a.requ
     a.user_message_id, a.cancel_requested, a.created_at, a.started_at, a.deadline_at, a.priority,
     a.lineage_id, a.attempt, a.resumes,
     (SELECT m.content FROM {schema}.message m WHERE m.id = a.user_message_id) AS content,
-    (SELECT coalesce(max(e.seq), 0) FROM {schema}.run_event e
-     WHERE e.run_id = a.id AND {schema}.run_ms(e.run_id) = {schema}.run_ms(a.id)
-       AND {schema}.run_ms(e.run_id) <= {run_made_by_now}) AS last_seq,
+    {schema}.journal_last_seq(a.id) AS last_seq,  -- (a function: see migration 0025)
     a.agent_key, a.parent_run_id, a.root_run_id, (SELECT o.any_limit FROM limits_on o) AS limited

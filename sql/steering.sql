@@ -78,8 +78,7 @@ WITH me AS (
 ), ev AS (
     INSERT INTO {schema}.run_event (run_id, seq, type, payload)
     SELECT ab.id,
-           (SELECT coalesce(max(e.seq), 0) + 1 FROM {schema}.run_event e
-            WHERE e.run_id = ab.id AND {schema}.run_ms(e.run_id) = {schema}.run_ms(ab.id)),
+           {schema}.journal_last_seq(ab.id) + 1,  -- (a function: see migration 0025)
            'complete',
            jsonb_build_object('status', 'absorbed', 'reason', 'steered', 'into', me.id)
     FROM absorbed ab, me

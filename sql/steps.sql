@@ -93,8 +93,7 @@ WITH run AS (
 ), ev AS (
     INSERT INTO {schema}.run_event (run_id, seq, type, payload)
     SELECT r.id,
-           (SELECT coalesce(max(e.seq), 0) + 1 FROM {schema}.run_event e
-            WHERE e.run_id = r.id AND {schema}.run_ms(e.run_id) = {schema}.run_ms(r.id)),
+           {schema}.journal_last_seq(r.id) + 1,  -- (a function: see migration 0025)
            'input_provided',
            jsonb_build_object('key', %(key)s::text, 'value', %(value)s::jsonb)
     FROM resumed r

@@ -69,8 +69,7 @@ WITH c AS (
 ), ev AS (
     INSERT INTO {schema}.run_event (run_id, seq, type, payload)
     SELECT c.id,
-           (SELECT coalesce(max(e.seq), 0) + 1 FROM {schema}.run_event e
-            WHERE e.run_id = c.id AND {schema}.run_ms(e.run_id) = {schema}.run_ms(c.id)),
+           {schema}.journal_last_seq(c.id) + 1,  -- (a function: see migration 0025)
            'complete',
            jsonb_build_object('status', 'cancelled', 'reason', 'stopped_before_start')
     FROM c
@@ -100,8 +99,7 @@ WITH c AS (
 ), ev AS (
     INSERT INTO {schema}.run_event (run_id, seq, type, payload)
     SELECT c.id,
-           (SELECT coalesce(max(e.seq), 0) + 1 FROM {schema}.run_event e
-            WHERE e.run_id = c.id AND {schema}.run_ms(e.run_id) = {schema}.run_ms(c.id)),
+           {schema}.journal_last_seq(c.id) + 1,  -- (a function: see migration 0025)
            'complete',
            jsonb_build_object('status', 'cancelled', 'reason', 'stopped')
     FROM c

@@ -84,8 +84,7 @@ WITH runs AS (
            r.id = (SELECT id FROM last_root) AS root_last
     FROM runs r
     LEFT JOIN {schema}.tree_member m ON m.root_run_id = %(root)s AND m.run_id = r.id
-    CROSS JOIN LATERAL (SELECT max(e.seq) AS top FROM {schema}.run_event e
-                        WHERE e.run_id = r.id AND {schema}.run_ms(e.run_id) = {schema}.run_ms(r.id)) j
+    CROSS JOIN LATERAL (SELECT nullif({schema}.journal_last_seq(r.id), 0) AS top) j  -- (migration 0025)
     WHERE m.done IS NOT TRUE
 ), others_live AS (
     SELECT EXISTS (SELECT 1 FROM runs r

@@ -200,3 +200,19 @@ def test_the_gateway_check_sees_every_way_to_reach_sql() -> None:
 def test_only_the_gateway_reaches_sql() -> None:
     offenders = _sql_offenders()
     assert not offenders, f"only runrow/_gateway may use runrow._sql: {offenders}"
+
+
+def test_no_statement_that_may_recheck_a_row_looks_up_a_journal_by_a_per_row_run_id() -> None:
+    """A statement that updates, deletes or locks rows may recheck one a concurrent
+    transaction changed (EvalPlanQual), and PostgreSQL 18 initialises every subplan of
+    the statement again for that: a journal lookup by a run id known only row by row is
+    a scan whose pruning runs as it goes, and initialising it twice corrupted the
+    server's memory (it crashed under concurrent claims). Such statements read a run's
+    journal through journal_last_seq and journal_uncertain_tool_calls (migration 0025),
+    whose lookups run in an executor of their own."""
+    per_row = re.compile(r"run_ms\(\w+\.run_id\)\s*=\s*\S*run_ms\(\w+\.\w+\)")
+    rechecks = re.compile(r"\b(UPDATE|DELETE|FOR (NO KEY )?UPDATE|FOR (KEY )?SHARE)\b")
+    found = [n for n, text in _sql.statements().items() if per_row.search(text) and rechecks.search(text)]
+    assert found == []
+    # (The pattern itself is live: the read-only statements still use it.)
+    assert any(per_row.search(text) for text in _sql.statements().values())
