@@ -22,7 +22,8 @@ SELECT set_config('jit', 'off', false), set_config('plan_cache_mode', 'force_gen
 
 -- name: jit_off_local
 -- In an implicit transaction (an autocommit connection's pipeline: everything up to the
--- Sync is one transaction) or runrow's own transaction: lasts until it ends.
+-- Sync is one transaction): lasts until it ends. (runrow's own transactions turn it off
+-- with own_transaction_local.)
 SELECT set_config('jit', 'off', true)
 
 -- name: own_transaction_local

@@ -43,9 +43,9 @@ _JIT_OFF: weakref.WeakSet[AnyConnection] = weakref.WeakSet()
 _NO_JIT: weakref.WeakSet[AnyConnection] = weakref.WeakSet()
 _CAN_JIT: weakref.WeakSet[AnyConnection] = weakref.WeakSet()
 
-# Connections inside a transaction runrow opened itself (see own_transaction), and
-# whether JIT is already off in it: once it is, the rest of the transaction runs plainly.
-_OWN_TX: weakref.WeakKeyDictionary[AnyConnection, bool] = weakref.WeakKeyDictionary()
+# Connections inside a transaction runrow opened itself that turned JIT off at its start
+# (see own_transaction): the rest of the transaction runs plainly.
+_OWN_TX: weakref.WeakSet[AnyConnection] = weakref.WeakSet()
 
 OWN_TX_IDLE_SECONDS = 10.0
 """How long a transaction runrow opens itself may wait for its client before the server
@@ -131,12 +131,10 @@ def jit_off_session(conn: AsyncConnection) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class _Guard:
-    """What a statement on a host's connection is pipelined between, and whether it
-    turns JIT off for the rest of a transaction runrow opened."""
+    """What a statement on a host's connection is pipelined between."""
 
     before: bytes
     after: bytes | None
-    marks_own: bool
 
 
 def _guard(conn: AnyConnection) -> _Guard | None:
@@ -145,24 +143,21 @@ def _guard(conn: AnyConnection) -> _Guard | None:
     On a connection runrow configured itself, or to a server that cannot compile at all,
     none. On any other (the host's pool or connection) the statement is pipelined behind a
     transaction-local ``jit = off``: one round trip still, and nothing of the host's
-    session changes. In a transaction runrow opened on such a connection
-    (:func:`own_transaction`) only its first statement takes that guard: the setting
-    lasts until the transaction ends. In the host's own transaction every statement takes
-    it, and the host's setting is put back in the same round trip.
+    session changes. A transaction runrow opened on such a connection
+    (:func:`own_transaction`) turned it off at its start, for all of it. In the host's own
+    transaction every statement takes the guard, and the host's setting is put back in
+    the same round trip.
     """
     if conn in _JIT_OFF or conn in _NO_JIT:
         return None
     joined = conn.info.transaction_status == TransactionStatus.INTRANS
-    own = _OWN_TX.get(conn)
-    if own is not None and joined:
-        return None if own else _Guard(_sql.statement("jit_off_local", "public"), None, True)
+    if joined and conn in _OWN_TX:
+        return None
     if joined:
         return _Guard(
-            _sql.statement("jit_save_off_local", "public"),
-            _sql.statement("jit_restore_local", "public"),
-            False,
+            _sql.statement("jit_save_off_local", "public"), _sql.statement("jit_restore_local", "public")
         )
-    return _Guard(_sql.statement("jit_off_local", "public"), None, False)
+    return _Guard(_sql.statement("jit_off_local", "public"), None)
 
 
 async def execute(
@@ -186,8 +181,6 @@ async def execute(
         await cur.execute(query, params, prepare=prepare)
         if guard.after is not None:
             await conn.execute(guard.after)
-    if guard.marks_own:
-        _OWN_TX[conn] = True
     return cur
 
 
@@ -210,8 +203,6 @@ def execute_sync(
         cur.execute(query, params, prepare=prepare)
         if guard.after is not None:
             conn.execute(guard.after)
-    if guard.marks_own:
-        _OWN_TX[conn] = True
     return cur
 
 
@@ -242,11 +233,11 @@ async def own_transaction(
             yield conn
             return
         await conn.execute(_sql.statement("own_transaction_local", "public"), params)
-        _OWN_TX[conn] = True
+        _OWN_TX.add(conn)
         try:
             yield conn
         finally:
-            _OWN_TX.pop(conn, None)
+            _OWN_TX.discard(conn)
 
 
 @contextmanager
@@ -260,11 +251,11 @@ def own_transaction_sync(
             yield conn
             return
         conn.execute(_sql.statement("own_transaction_local", "public"), params)
-        _OWN_TX[conn] = True
+        _OWN_TX.add(conn)
         try:
             yield conn
         finally:
-            _OWN_TX.pop(conn, None)
+            _OWN_TX.discard(conn)
 
 
 # -- plans: one statement sequence, run by an async or a sync executor -----------------
