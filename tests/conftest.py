@@ -48,6 +48,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.serverless)
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto``: two workers per core on a machine of up to four cores. The tests wait
+    on their servers and subprocesses more than they compute: with one worker per core,
+    2 cores sat 22% idle, and 4 workers ran the default tier in 161 s against 220 s (all
+    1,379 tests in 321 s). From eight cores on, one per core. xdist's own
+    ``PYTEST_XDIST_AUTO_NUM_WORKERS`` still wins (None defers to xdist)."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(cores, min(2 * cores, 8))
+
+
 @pytest.fixture(scope="session")
 def anyio_backend() -> str:
     # psycopg's async support is asyncio-only; test modules carry `pytestmark = pytest.mark.anyio`.

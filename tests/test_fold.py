@@ -169,9 +169,12 @@ async def test_a_connection_cut_between_the_ending_and_the_claim(
     await conn.execute(
         sql.SQL(
             """
+            CREATE TABLE {gate} (closed boolean);
+            INSERT INTO {gate} VALUES (true);
             CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$
             BEGIN
-                IF NEW.status = 'running' AND NEW.conversation_id = 'slow-claim' THEN
+                IF NEW.status = 'running' AND NEW.conversation_id = 'slow-claim'
+                   AND EXISTS (SELECT 1 FROM {gate}) THEN
                     PERFORM pg_sleep(30);
                 END IF;
                 RETURN NEW;
@@ -179,7 +182,7 @@ async def test_a_connection_cut_between_the_ending_and_the_claim(
             CREATE TRIGGER slow_claim BEFORE UPDATE OF status ON {runs}
                 FOR EACH ROW EXECUTE FUNCTION {fn}();
             """
-        ).format(fn=table(schema, "slow_claim"), runs=table(schema, "agent_run"))
+        ).format(fn=table(schema, "slow_claim"), runs=table(schema, "agent_run"), gate=table(schema, "slow_gate"))
     )
     gate = anyio.Event()
     started: list[str] = []
@@ -198,7 +201,9 @@ async def test_a_connection_cut_between_the_ending_and_the_claim(
             lambda: _sleeping_backend(conn, schema), timeout=10, what="the claim asleep in its trigger"
         )
         assert await status_of(conn, schema, first.id) == "running"  # the ending waits with the claim
-        await conn.execute(sql.SQL("DROP TRIGGER slow_claim ON {}").format(table(schema, "agent_run")))
+        # The retried claim must not sleep again. (A row, not DROP TRIGGER: the DDL would
+        # wait for the sleeper's lock on agent_run, until a statement timeout ended it.)
+        await conn.execute(sql.SQL("DELETE FROM {}").format(table(schema, "slow_gate")))
         await conn.execute("SELECT pg_terminate_backend(%s)", (sleeper,))
         await wait_for(
             lambda: _status_is(conn, schema, first.id, "completed"), timeout=15, what="the first ending"
