@@ -182,7 +182,9 @@ async def test_a_connection_cut_between_the_ending_and_the_claim(
             CREATE TRIGGER slow_claim BEFORE UPDATE OF status ON {runs}
                 FOR EACH ROW EXECUTE FUNCTION {fn}();
             """
-        ).format(fn=table(schema, "slow_claim"), runs=table(schema, "agent_run"), gate=table(schema, "slow_gate"))
+        ).format(
+            fn=table(schema, "slow_claim"), runs=table(schema, "agent_run"), gate=table(schema, "slow_gate")
+        )
     )
     gate = anyio.Event()
     started: list[str] = []
