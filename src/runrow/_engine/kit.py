@@ -103,7 +103,8 @@ class PoolCheck:
             await self._trouble.wait()
             self._trouble.clear()
             try:
-                await self._pool.check()
+                with anyio.CancelScope(shield=True), anyio.move_on_after(5.0):  # (as schema_watch.py)
+                    await self._pool.check()
             except Exception as exc:  # best effort
                 log.debug("pool check failed: %s", describe(exc), extra=self._extra)
             await anyio.sleep(1.0)

@@ -48,9 +48,15 @@ class SchemaWatch:
         expected = _schema.latest_version()
         while True:
             await anyio.sleep(self._settings.heartbeat)
+            found = None
             try:
-                async with statement_conn(self._pool()) as conn:
-                    found = await run(conn, _schema.version(self._settings.schema))
+                # Shielded, as every service's statements: a stop lands at the sleep. A
+                # query cut by anyio's cancellation cannot be cancelled cleanly on the
+                # server (the cancellation interrupts psycopg's own cancel request too),
+                # so the connection would be closed, with a warning, at every such stop.
+                with anyio.CancelScope(shield=True), anyio.move_on_after(max(self._settings.heartbeat, 1.0)):
+                    async with statement_conn(self._pool()) as conn:
+                        found = await run(conn, _schema.version(self._settings.schema))
             except Exception as exc:  # a hint like any other: the next beat reads again
                 log.debug("schema version read failed: %s", describe(exc), extra=self._extra)
                 continue
