@@ -29,28 +29,45 @@ RETURNING 1
 -- name: step_record
 -- Records a step's outcome (its result, or the error a step that is not idempotent
 -- raised), fenced by the claim.
--- Over the attempt's own started row; over an earlier attempt's started row only for a
--- step declared idempotent (it was run again); an idempotent step is never marked
--- started, so this also inserts. Sent again after a lost answer, it rewrites its own row.
--- A wait for children answered before it parked is inserted here with its request: the
--- request marks the row an input, which a replay must find it to be.
-INSERT INTO {schema}.run_step
-    (lineage_id, key, occurrence, position, run_id, status, idempotent, result, error, recorded_at,
-     version, request)
-SELECT coalesce(a.lineage_id, a.id), %(key)s, %(occurrence)s, %(position)s, a.id, %(status)s,
-       %(idempotent)s, %(result)s::jsonb, %(error)s::jsonb, now(), a.worker_version,
-       %(request)s::jsonb
-FROM {schema}.agent_run a
-WHERE a.id = %(run_id)s AND a.claim_token = %(claim_token)s AND a.status = 'running'
-ON CONFLICT (lineage_id, key, occurrence) DO UPDATE SET
-    run_id = excluded.run_id, status = excluded.status, idempotent = excluded.idempotent,
-    result = excluded.result, error = excluded.error, recorded_at = excluded.recorded_at,
-    version = excluded.version
-    WHERE run_step.run_id = excluded.run_id
-       OR (run_step.status = 'started' AND excluded.idempotent)
+-- The common case, a step this attempt marked begun (not idempotent, not an input), is a
+-- plain update of its own row (`own`): no row lock of its own before it (a WAL record
+-- that INSERT ... ON CONFLICT writes), and heap-only, as no index of run_step names a
+-- column it changes (schema 26). Otherwise (`other`): over an earlier attempt's started
+-- row only for a step declared idempotent (it was run again); an idempotent step is
+-- never marked started, so this also inserts. Sent again after a lost answer, either
+-- rewrites its own row. A wait for children answered before it parked is inserted here
+-- with its request: the request marks the row an input, which a replay must find it to be.
+WITH own AS (
+    UPDATE {schema}.run_step s
+    SET status = %(status)s, result = %(result)s::jsonb, error = %(error)s::jsonb, recorded_at = now(),
+        version = a.worker_version
+    FROM {schema}.agent_run a
+    WHERE NOT %(idempotent)s AND %(request)s::jsonb IS NULL
+      AND a.id = %(run_id)s AND a.claim_token = %(claim_token)s AND a.status = 'running'
+      AND s.lineage_id = coalesce(a.lineage_id, a.id) AND s.key = %(key)s
+      AND s.occurrence = %(occurrence)s AND s.run_id = a.id AND NOT s.idempotent
+    RETURNING s.result
+), other AS (
+    INSERT INTO {schema}.run_step
+        (lineage_id, key, occurrence, position, run_id, status, idempotent, result, error, recorded_at,
+         version, request)
+    SELECT coalesce(a.lineage_id, a.id), %(key)s, %(occurrence)s, %(position)s, a.id, %(status)s,
+           %(idempotent)s, %(result)s::jsonb, %(error)s::jsonb, now(), a.worker_version,
+           %(request)s::jsonb
+    FROM {schema}.agent_run a
+    WHERE a.id = %(run_id)s AND a.claim_token = %(claim_token)s AND a.status = 'running'
+      AND NOT EXISTS (SELECT 1 FROM own)
+    ON CONFLICT (lineage_id, key, occurrence) DO UPDATE SET
+        run_id = excluded.run_id, status = excluded.status, idempotent = excluded.idempotent,
+        result = excluded.result, error = excluded.error, recorded_at = excluded.recorded_at,
+        version = excluded.version
+        WHERE run_step.run_id = excluded.run_id
+           OR (run_step.status = 'started' AND excluded.idempotent)
+    RETURNING result
+)
 -- (The result as jsonb gives it back: the value a replay returns, so the first attempt
 -- returns the very same one, key order and number types included.)
-RETURNING result
+SELECT result FROM own UNION ALL SELECT result FROM other
 
 -- name: step_wait
 -- An input the run waits for (run.wait_for_input): a step a person records, marked
@@ -76,12 +93,16 @@ RETURNING 1
 -- nothing, and the answer then says what it found: the run's status, and whether the
 -- same value was already recorded for the key (a repeated call: not an error).
 WITH run AS (
-    SELECT a.id, a.status FROM {schema}.agent_run a WHERE a.id = %(run_id)s
+    SELECT a.id, a.status, coalesce(a.lineage_id, a.id) AS lineage_id FROM {schema}.agent_run a
+    WHERE a.id = %(run_id)s
     FOR NO KEY UPDATE
 ), step AS (
+    -- (Found through the primary key, by lineage and key: schema 26 has no index on a
+    -- step's status, so that recording a step stays a heap-only update.)
     UPDATE {schema}.run_step s SET status = 'recorded', result = %(value)s::jsonb, recorded_at = now()
     FROM run
-    WHERE run.status = 'waiting' AND s.run_id = run.id AND s.key = %(key)s AND s.status = 'waiting'
+    WHERE run.status = 'waiting' AND s.lineage_id = run.lineage_id AND s.key = %(key)s
+      AND s.run_id = run.id AND s.status = 'waiting'
       AND NOT starts_with(s.key, 'runrow.children:')  -- (a wait for children: their endings answer it)
     RETURNING s.key
 ), resumed AS (
@@ -103,8 +124,7 @@ SELECT run.status,
        -- (A wait's key is its own in the turn (wait_for_input refuses a key used
        -- before): the lineage's row for the key is this input, found by primary key.)
        EXISTS (SELECT 1 FROM {schema}.run_step s
-               WHERE s.lineage_id = (SELECT coalesce(a.lineage_id, a.id) FROM {schema}.agent_run a
-                                     WHERE a.id = run.id)
+               WHERE s.lineage_id = run.lineage_id
                  AND s.key = %(key)s AND s.occurrence = 0 AND s.request IS NOT NULL
                  AND s.status = 'recorded' AND s.result = %(value)s::jsonb) AS same,
        CASE WHEN EXISTS (SELECT 1 FROM resumed) THEN pg_notify(%(wake_channel)s, '') END,
@@ -118,7 +138,8 @@ FROM run
 SELECT a.id, a.conversation_id, a.user_id, a.tenant_id, s.key, s.request, s.started_at,
        a.input_deadline_at
 FROM {schema}.agent_run a
-JOIN {schema}.run_step s ON s.run_id = a.id AND s.status = 'waiting'
+JOIN {schema}.run_step s ON s.lineage_id = coalesce(a.lineage_id, a.id)  -- (the primary key's prefix)
+    AND s.run_id = a.id AND s.status = 'waiting'
     AND NOT starts_with(s.key, 'runrow.children:')  -- (a wait for children: no person's input)
 WHERE a.status = 'waiting'
   AND (%(run_id)s::uuid IS NULL OR a.id = %(run_id)s::uuid)
