@@ -95,7 +95,7 @@ ORDER BY 2 DESC, 3 DESC, 1
 LIMIT 500
 
 -- name: admin_workers
--- Workers seen in running runs' claims (agent_run_lease_idx): runs in flight, last heartbeat.
+-- Workers seen in running runs' claims (an index of running runs): runs in flight, last heartbeat.
 SELECT worker_id, count(*) AS runs, max(last_heartbeat_at) AS last_heartbeat_at,
        min(claim_expires_at) AS next_lease_expiry
 FROM {schema}.agent_run

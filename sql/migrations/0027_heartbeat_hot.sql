@@ -1,0 +1,21 @@
+-- runrow schema, version 27: a heartbeat is a heap-only update.
+--
+-- A worker rolls the lease of every run it holds each `heartbeat` seconds (10 by
+-- default): an update of `claim_expires_at` and `last_heartbeat_at`. The index
+-- `agent_run_lease_idx` was on `claim_expires_at`, so no heartbeat could be heap-only
+-- (HOT): each added an entry to every index whose predicate the running row meets (the
+-- primary key, the conversation's, the active conversation's, one turn per
+-- conversation, running per tenant, the lease's: six). On Debian's PostgreSQL 15, 16
+-- runs of 2 s with a heartbeat each 0.1 s wrote about 530 bytes of WAL a heartbeat;
+-- without the index, 130 (the row lock and a heap-only update), 15,308 -> 7,509 bytes a
+-- run, every heartbeat but a few heap-only with the table's default fill factor.
+--
+-- The index bought the reaper nothing: its candidates are the running runs whose lease
+-- lapsed OR whose deadline passed, which no index on the lease alone can answer, so
+-- the reaper walked the whole index of running runs and filtered each (EXPLAIN: "Index
+-- Scan using agent_run_lease_idx ... Filter: claim_expires_at < ... OR deadline_at <
+-- ..."). Without it, it walks another index of running runs (agent_run_running_tenant_idx)
+-- the same way: as many rows, the few expired sorted. A previous release's reaper runs
+-- the same query, with the same plan. tests/test_heartbeat_hot.py holds both.
+
+DROP INDEX {schema}.agent_run_lease_idx;
