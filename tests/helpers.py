@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import psycopg
@@ -143,3 +144,24 @@ async def hourly_partitions(conn: psycopg.AsyncConnection, schema: str, *, prema
         (premake,),
     )
     assert await runrow.ensure_journal_partitions(conn, schema=schema) == premake + 1
+
+
+async def indexes_naming(
+    conn: psycopg.AsyncConnection, schema: str, name: str, columns: tuple[str, ...]
+) -> tuple[int, list[str]]:
+    """How many indexes table ``name`` has, and those that name any of ``columns`` in
+    their columns, expressions or predicate (an update changing such a column cannot be
+    heap-only), with what they name and their definition."""
+    defs = await rows(
+        conn,
+        "SELECT indexrelid::regclass::text, pg_get_indexdef(indexrelid) FROM pg_index"
+        " WHERE indrelid = %s::regclass",
+        (f'"{schema}".{name}',),
+    )
+    found = []
+    for index, definition in defs:
+        after = definition.split(" USING ", 1)[1]  # (the table's name may hold a column's)
+        named = [c for c in columns if re.search(rf"\b{c}\b", after)]
+        if named:
+            found.append(f"{index} names {named}: {definition}")
+    return len(defs), found
