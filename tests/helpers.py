@@ -165,3 +165,22 @@ async def indexes_naming(
         if named:
             found.append(f"{index} names {named}: {definition}")
     return len(defs), found
+
+
+def plan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every node of an EXPLAIN (FORMAT JSON) plan, the root first."""
+    return [plan, *(n for child in plan.get("Plans", []) for n in plan_nodes(child))]
+
+
+async def updates_counted(
+    conn: psycopg.AsyncConnection, schema: str, name: str, at_least: int
+) -> tuple[int, int] | None:
+    """(updates, heap-only updates) of table ``name`` in pg_stat_user_tables, once it
+    counts ``at_least`` updates (a backend's counters reach the view when it exits or
+    goes idle): None before, for :func:`wait_for`."""
+    (row,) = await rows(
+        conn,
+        "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relid = %s::regclass",
+        (f'"{schema}".{name}',),
+    )
+    return (int(row[0]), int(row[1])) if row[0] >= at_least else None

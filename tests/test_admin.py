@@ -26,7 +26,7 @@ from runrow.admin import AdminAccess
 from . import manual
 from .admin_support import admin_client, csrf_of, listed
 from .bulk import seed
-from .helpers import wait_for
+from .helpers import plan_nodes, wait_for
 
 pytestmark = pytest.mark.anyio
 
@@ -290,10 +290,6 @@ _PLAN_CASES: list[tuple[dict[str, Any], str]] = [
 ]
 
 
-def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
-    return [plan, *(n for child in plan.get("Plans", []) for n in _nodes(child))]
-
-
 async def test_every_admin_statement_reads_through_an_index(dsn: str, schema: str) -> None:
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c:
         await seed(c, schema, tenant="t1", n=3000, conversations=300)
@@ -353,7 +349,7 @@ async def test_every_admin_statement_reads_through_an_index(dsn: str, schema: st
             cur = await c.execute(b"EXPLAIN (FORMAT JSON) " + statement_text(name, schema), params)
             row = await cur.fetchone()
             assert row is not None
-            nodes = _nodes(row[0][0]["Plan"])
+            nodes = plan_nodes(row[0][0]["Plan"])
             seq = [
                 n for n in nodes if n["Node Type"] == "Seq Scan" and n.get("Relation Name") != "tenant_policy"
             ]

@@ -5,7 +5,6 @@ an index of running runs, never a scan of the whole table."""
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import anyio
 import psycopg
@@ -16,7 +15,7 @@ import runrow
 from runrow._gateway import statement_text
 
 from .bulk import seed
-from .helpers import indexes_naming, is_terminal, rows, table, wait_for
+from .helpers import indexes_naming, is_terminal, plan_nodes, rows, table, updates_counted, wait_for
 
 pytestmark = pytest.mark.anyio
 
@@ -30,15 +29,6 @@ async def test_no_index_of_agent_run_names_a_column_a_heartbeat_changes(
     count, found = await indexes_naming(conn, schema, "agent_run", HEARTBEAT_CHANGES)
     assert count > 5
     assert not found, f"a heartbeat could not be heap-only: {found}"
-
-
-async def _updates(conn: psycopg.AsyncConnection, schema: str) -> tuple[int, int] | None:
-    (row,) = await rows(
-        conn,
-        "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relid = %s::regclass",
-        (f'"{schema}".agent_run',),
-    )
-    return (int(row[0]), int(row[1])) if row[0] >= 6 else None
 
 
 async def test_heartbeats_are_heap_only_updates(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> None:
@@ -63,12 +53,10 @@ async def test_heartbeats_are_heap_only_updates(dsn: str, schema: str, conn: psy
     )
     assert row == ("completed", True)
     # (A backend's counters reach the view when it exits: the Dispatcher's pool has closed.)
-    updates, hot = await wait_for(lambda: _updates(conn, schema), timeout=15, what="the updates counted")
+    updates, hot = await wait_for(
+        lambda: updates_counted(conn, schema, "agent_run", 6), timeout=15, what="the updates counted"
+    )
     assert hot >= 5 and hot >= 0.8 * (updates - 2), f"{hot} of {updates} updates of agent_run heap-only"
-
-
-def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
-    return [plan, *(n for child in plan.get("Plans", []) for n in _nodes(child))]
 
 
 async def test_the_reaper_reads_the_running_runs_through_an_index(
@@ -98,7 +86,7 @@ async def test_the_reaper_reads_the_running_runs_through_an_index(
     cur = await conn.execute(b"EXPLAIN (ANALYZE, FORMAT JSON) " + query, params)
     (doc,) = await cur.fetchone() or (None,)
     doc = json.loads(doc) if isinstance(doc, str) else doc
-    nodes = _nodes(doc[0]["Plan"])
+    nodes = plan_nodes(doc[0]["Plan"])
     scans = [n for n in nodes if n.get("Relation Name") == "agent_run"]
     assert scans and not [n for n in scans if n["Node Type"] == "Seq Scan"], json.dumps(doc, indent=1)
     assert all(n.get("Actual Rows", 0) == 0 for n in scans), "no lease has lapsed"

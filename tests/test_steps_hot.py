@@ -17,7 +17,7 @@ import runrow
 from runrow._gateway import steps as _gw
 from runrow._gateway._exec import run as run_plan
 
-from .helpers import indexes_naming, is_terminal, rows, table, wait_for
+from .helpers import indexes_naming, is_terminal, rows, table, updates_counted, wait_for
 
 pytestmark = pytest.mark.anyio
 
@@ -36,15 +36,6 @@ async def test_no_index_of_run_step_names_a_column_a_record_changes(
     assert not found, f"a step's record could not be heap-only: {found}"
 
 
-async def _hot_counts(conn: psycopg.AsyncConnection, schema: str) -> tuple[int, int]:
-    (row,) = await rows(
-        conn,
-        "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relid = %s::regclass",
-        (f'"{schema}".run_step',),
-    )
-    return int(row[0]), int(row[1])
-
-
 async def test_a_steps_record_is_a_heap_only_update(
     dsn: str, schema: str, conn: psycopg.AsyncConnection
 ) -> None:
@@ -59,7 +50,9 @@ async def test_a_steps_record_is_a_heap_only_update(
         await wait_for(lambda: is_terminal(conn, schema, r.id), what="the turn")
     # (A backend's counters reach the view when it exits: the Dispatcher's pool has closed.)
     updates = await wait_for(
-        lambda: _updated(conn, schema, 3), timeout=15, what="the three records in pg_stat_user_tables"
+        lambda: updates_counted(conn, schema, "run_step", 3),
+        timeout=15,
+        what="the three records in pg_stat_user_tables",
     )
     assert updates == (3, 3), f"(updates, heap-only updates) of run_step: {updates}"
     got = await rows(
@@ -69,11 +62,6 @@ async def test_a_steps_record_is_a_heap_only_update(
         ),
     )
     assert got == [("tool", k, "recorded", {"k": k, "text": "x" * 40}) for k in range(3)]
-
-
-async def _updated(conn: psycopg.AsyncConnection, schema: str, n: int) -> tuple[int, int] | None:
-    counts = await _hot_counts(conn, schema)
-    return counts if counts[0] >= n else None
 
 
 async def test_the_own_row_record_is_fenced_and_answers_a_resend(
