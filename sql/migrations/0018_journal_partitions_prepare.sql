@@ -125,7 +125,10 @@ $$;
 -- Step 19 checks that every event written so far has key 0, so that step 20 attaches the
 -- table as the legacy partition without reading it again under a lock. NOT VALID here:
 -- only new rows are checked, and a previous release writes only version-4 ids until
--- step 20 (and then to the partitioned table, never to this one).
+-- step 20 (and then to the partitioned table, never to this one). The IS NOT NULL half is
+-- needed: a range partition's bounds include "key IS NOT NULL", which a CHECK on
+-- `key < 1` alone (true or null) does not prove, and without the proof the attach reads
+-- every row under its exclusive lock.
 -- holds for old writers: run_event_before_partitions
 ALTER TABLE {schema}.run_event ADD CONSTRAINT run_event_before_partitions
-    CHECK ({schema}.run_ms(run_id) < 1) NOT VALID;
+    CHECK ({schema}.run_ms(run_id) IS NOT NULL AND {schema}.run_ms(run_id) < 1) NOT VALID;
