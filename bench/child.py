@@ -44,6 +44,10 @@ class State:
         self.t_first: float | None = None
         self.commit_ms: list[float] = []
         self.committed: dict[str, float] = {}
+        # fanout: this process's CPU from the release to the last run's append returning
+        self.fanout_runs = 0
+        self.cpu_release: float | None = None
+        self.cpu_committed: float | None = None
         self.go = anyio.Event()
         self.release = anyio.Event()
         self.stop = anyio.Event()
@@ -108,6 +112,8 @@ async def agent_for(state: State, run: runrow.RunContext) -> None:
         t = time.monotonic()
         await run.emit({"type": "ping", "t": t})
         state.committed[str(run.run_id)] = time.monotonic()  # when the append returned
+        if len(state.committed) == state.fanout_runs:
+            state.cpu_committed = time.process_time()
         await state.stop.wait()
         return
     raise ValueError(f"unknown op {op!r}")
@@ -120,6 +126,7 @@ async def read_commands(state: State) -> None:
         if cmd == "go":
             state.go.set()
         elif cmd == "release":
+            state.cpu_release = time.process_time()
             state.release.set()
         elif cmd == "stop":
             state.stop.set()
@@ -133,6 +140,7 @@ async def read_commands(state: State) -> None:
 
 async def worker(args: dict[str, Any]) -> None:
     state = State()
+    state.fanout_runs = int(args.get("concurrency", 0))
     pool: AsyncConnectionPool[psycopg.AsyncConnection] | None = None
     db: Any = args["conninfo"]
     if args.get("pool_size"):
@@ -197,6 +205,11 @@ async def worker(args: dict[str, Any]) -> None:
                 "stats": d.get_stats(),
                 "commit_ms": state.commit_ms,
                 "committed": state.committed,
+                "emit_cpu_us": (
+                    (state.cpu_committed - state.cpu_release) / len(state.committed) * 1e6
+                    if state.cpu_committed is not None and state.cpu_release is not None
+                    else None
+                ),
                 "idle_rss_kb": idle_rss,
                 "peak_rss_kb": rss_kb("VmHWM"),
                 "maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,

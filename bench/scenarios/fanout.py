@@ -112,7 +112,9 @@ async def fanout(b: Bench) -> list[Row]:
                     while ended < n:
                         await anyio.sleep(0.05)
                 stop_monitor.set()
-                committed = (await kid.result())["committed"]
+                result = await kid.result()
+                committed = result["committed"]
+                emit_cpu = result["emit_cpu_us"]
             # The baseline, same pool and runs: one read of each run's journal, all at
             # once, which is what the tails must do once the hub wakes them (a tail's
             # delivery adds the append, the NOTIFY, the hub and the tail's own work).
@@ -227,6 +229,22 @@ async def fanout(b: Bench) -> list[Row]:
             cpu_bare,
             f"per read of {n} reads at once through the same pool",
             ratio(cpu_event, cpu_bare),
+            goal="<= 19",  # (#39: half the 38 us of session 17)
+            met=cpu_event <= 19,
             note="release to last delivery, this process",
+        ),
+        Row(
+            "fanout",
+            f"{n} tails: worker CPU per structural emit",
+            emit_cpu,
+            "us",
+            None,
+            None,
+            None,
+            "",
+            None,
+            goal="<= 15",  # (#39: half the ~30 us of session 17's in-process probe)
+            met=emit_cpu is not None and emit_cpu <= 15,
+            note="the child worker's CPU, release to the last append returning",
         ),
     ]
