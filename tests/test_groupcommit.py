@@ -155,3 +155,47 @@ async def test_an_item_that_cannot_be_encoded_fails_alone(dsn: str) -> None:
     assert batches[0] == ["a", "bad\ud800", "c"]
     assert answers["a"] == ("a", None) and answers["c"] == ("c", None)
     assert answers["bad\ud800"][0] is None and isinstance(answers["bad\ud800"][1], UnicodeEncodeError)
+
+
+@pytest.mark.parametrize("fails", [False, True])
+async def test_a_cancelled_unshielded_wait_learns_the_outcome_before_the_cancellation_goes_on(
+    fails: bool,
+) -> None:
+    """``settle``: the caller waits unshielded; cancelled while its item is in flight, it
+    waits for the batch to end, hands a result (not an error) to ``settle``, and only
+    then lets the cancellation through."""
+    release = anyio.Event()
+    in_flight = anyio.Event()
+
+    async def write(items: list[int]) -> list[int]:
+        in_flight.set()
+        await release.wait()
+        if fails:
+            raise psycopg.OperationalError("the connection dropped")
+        return [i * 10 for i in items]
+
+    gc: GroupCommit[int, int] = GroupCommit(write)
+    settled: list[int] = []
+    events: list[str] = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(gc.run)
+        with anyio.CancelScope() as scope:
+
+            async def cancel_then_release() -> None:
+                await in_flight.wait()
+                scope.cancel()
+                await anyio.sleep(0.05)  # the cancelled wait must still be waiting
+                events.append("released")
+                release.set()
+
+            tg.start_soon(cancel_then_release)
+            try:
+                await gc.submit(7, settle=settled.append)
+                events.append("returned")
+            except anyio.get_cancelled_exc_class():
+                events.append("cancelled")
+                raise
+        assert scope.cancelled_caught
+        tg.cancel_scope.cancel()
+    assert events == ["released", "cancelled"]
+    assert settled == ([] if fails else [70])

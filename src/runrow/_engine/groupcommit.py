@@ -50,12 +50,13 @@ class WriterStopped(Exception):
 class _Slot(Generic[R]):
     # A bare future, not an Event: one is made per write, and an Event costs a waiter
     # list and a loop lookup on top of the future it wraps.
-    __slots__ = ("done", "error", "result")
+    __slots__ = ("done", "error", "finished", "result")
 
     def __init__(self) -> None:
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.result: R | None = None
         self.error: BaseException | None = None
+        self.finished = False  # (set with the outcome, even when `done` was cancelled)
 
 
 if TYPE_CHECKING:
@@ -79,13 +80,20 @@ class GroupCommit(Generic[T, R]):
         self.batches = 0
         self.items = 0
 
-    async def submit(self, item: T, *, caller_shielded: bool = False) -> R:
+    async def submit(
+        self, item: T, *, caller_shielded: bool = False, settle: Callable[[R], None] | None = None
+    ) -> R:
         """Queues ``item`` and waits for its result.
 
-        The wait is shielded: once handed over, a write either lands or fails as a
-        whole, and the caller must learn which (it decides what the run's seq is).
-        A caller already inside a shielded, bounded scope says ``caller_shielded`` and
-        the wait skips its own scope (entering one costs measurably per write).
+        Once handed over, a write either lands or fails as a whole, and the caller must
+        learn which (it decides what the run's seq is), so a cancellation never leaves
+        the caller guessing. By default the wait is shielded. A caller already inside a
+        shielded, bounded scope says ``caller_shielded`` and the wait skips its own
+        scope (entering one costs measurably per write). A caller that passes
+        ``settle`` waits unshielded, which costs nothing until a cancellation comes:
+        then it waits, shielded and bounded, for the outcome, hands a result to
+        ``settle`` and lets the cancellation go on (an error is not handed: the
+        outcome stays unknown).
         """
         if self._stopped:
             raise WriterStopped("the writer has stopped")
@@ -94,6 +102,14 @@ class GroupCommit(Generic[T, R]):
         self._kick.set()
         if caller_shielded:
             await slot.done
+        elif settle is not None:
+            try:
+                await slot.done
+            except asyncio.CancelledError:
+                await self._outcome(slot)
+                if slot.finished and slot.error is None:
+                    settle(slot.result)  # type: ignore[arg-type]
+                raise
         else:
             with anyio.CancelScope(shield=True, deadline=_aio.now() + self._timeout + 5):
                 await slot.done
@@ -102,6 +118,15 @@ class GroupCommit(Generic[T, R]):
         if slot.error is not None:
             raise slot.error
         return slot.result  # type: ignore[return-value]
+
+    async def _outcome(self, slot: _Slot[R]) -> None:
+        """After the caller's wait was cancelled: waits for ``slot``'s outcome, shielded
+        and bounded (the cancelled wait cancelled its future; the writer sets a new one)."""
+        if slot.finished:
+            return
+        slot.done = asyncio.get_running_loop().create_future()
+        with anyio.CancelScope(shield=True, deadline=_aio.now() + self._timeout + 5):
+            await slot.done
 
     def hand_over(self, item: T, callback: Callback[R]) -> None:
         """Queues ``item``; the writer calls ``callback(result, None)`` or
@@ -166,7 +191,7 @@ class GroupCommit(Generic[T, R]):
 
 def _finish(waiter: _Waiter[R], result: R | None, error: BaseException | None) -> None:
     if isinstance(waiter, _Slot):
-        waiter.result, waiter.error = result, error
+        waiter.result, waiter.error, waiter.finished = result, error, True
         if not waiter.done.done():
             waiter.done.set_result(None)
         return
