@@ -4,13 +4,14 @@
 -- Flushes of one or more runs, each written only while its worker still holds the claim.
 -- Returns the runs whose rows landed; the NOTIFY rides the same statement, so a
 -- fenced-out flush writes nothing and announces nothing. The rows come as one JSON
--- array of {run_id, token, seq, type, payload (JSON text)} objects. `usage` events
--- (RunContext.record_usage) are added to usage_rollup in the same statement.
+-- array of {run_id, token, seq, type, payload} objects, each payload a JSON value in
+-- place (parsed once, with the array). `usage` events (RunContext.record_usage) are
+-- added to usage_rollup in the same statement.
 WITH ins AS (
     INSERT INTO {schema}.run_event (run_id, seq, type, payload)
-    SELECT e.run_id, e.seq, e.type, e.payload::jsonb
+    SELECT e.run_id, e.seq, e.type, e.payload
     FROM jsonb_to_recordset(%(events)s::jsonb)
-         AS e(run_id uuid, token uuid, seq integer, type text, payload text)
+         AS e(run_id uuid, token uuid, seq integer, type text, payload jsonb)
     JOIN {schema}.agent_run a
       ON a.id = e.run_id AND a.claim_token = e.token AND a.status = 'running'
     -- (A usage event's payload only: the rollup's; copying every delta's would cost.)

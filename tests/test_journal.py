@@ -541,3 +541,60 @@ async def test_an_enqueue_with_no_partition_for_now_names_the_fix_and_writes_not
     assert await runrow.ensure_journal_partitions(dsn, schema=schema) >= 1
     run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="hi")
     assert [e[0] for e in await events(conn, schema, run.id)] == [1, 2]
+
+
+_JSON_TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=20)
+_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**63 - 1)
+    # (Within 1e15: jsonb keeps a number's decimal text, which reads back as an int
+    # once a float is that large, and as a different one if its shortest repr is not exact.)
+    | st.floats(min_value=-1e15, max_value=1e15)
+    | _JSON_TEXT,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_JSON_TEXT, inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    batch=st.lists(
+        st.tuples(
+            st.sampled_from(["tool_call", "a.b:c-d", "X_9", "content_delta"]),
+            st.dictionaries(_JSON_TEXT, _JSON, max_size=4),
+        ),
+        min_size=1,
+        max_size=6,
+    )
+)
+async def test_an_append_stores_each_payload_as_the_writer_encoded_it(
+    dsn: str, schema: str, batch: list[tuple[str, dict[str, object]]]
+) -> None:
+    """The append statement's rows are written out as JSON text directly, each payload
+    nested in place as the writer's encoder made it: whatever the payload holds
+    (quotes, backslashes, line separators, any plane of Unicode, deep values, big
+    numbers), the journal reads back the same value, under its type and seq."""
+    from runrow import _json
+    from runrow._gateway import _exec
+    from runrow._gateway import journal as _gw
+
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await runrow.enqueue(
+            conn, schema=schema, conversation_id=f"c-{uuid.uuid4().hex}", user_id="u", content="x"
+        )
+        (claimed,) = await manual.claim(conn, schema)
+        run_id, token = claimed["id"], claimed["claim_token"]
+        first = len(await events(conn, schema, run_id)) + 1
+        rows = [(first + i, etype, _json.dumps(payload, "event")) for i, (etype, payload) in enumerate(batch)]
+        landed = await _exec.run(
+            conn,
+            _gw.append(
+                schema,
+                [_gw.Appended(run_id, token, rows, _gw.row_head(run_id, token))],
+                channels=Channels.for_schema(schema),
+            ),
+        )
+        assert landed == {run_id}
+        got = (await events(conn, schema, run_id))[first - 1 :]
+    assert got == [(first + i, etype, payload) for i, (etype, payload) in enumerate(batch)]

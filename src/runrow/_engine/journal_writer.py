@@ -15,7 +15,7 @@ from .._errors import InvalidInput, LeaseLost
 from .._events import CONTENT_DELTA, TERMINAL_EVENT, USAGE, checked_event
 from .._gateway import journal as _journal
 from .._gateway._exec import run
-from .._gateway.journal import Appended
+from .._gateway.journal import Appended, row_head
 from .groupcommit import GroupCommit
 
 if TYPE_CHECKING:
@@ -56,6 +56,7 @@ class JournalWriter:
         retry_budget: float = 10.0,
     ) -> None:
         self._run = run  # its id and claim token fence every flush
+        self._head = row_head(run.id, run.claim_token)  # (each flush's rows start with it)
         self.next_seq = int(run.last_seq) + 1
         self._appender = appender
         self._interval = flush_interval
@@ -229,7 +230,7 @@ class JournalWriter:
         while True:
             try:
                 return await self._appender.submit(
-                    Appended(self._run.id, self._run.claim_token, rows), settle
+                    Appended(self._run.id, self._run.claim_token, rows, self._head), settle
                 )
             except (psycopg.OperationalError, psycopg.InterfaceError, TimeoutError) as exc:
                 if _aio.now() + delay > deadline:
