@@ -76,3 +76,33 @@ async def test_a_deadline_during_an_emit_in_flight_counts_the_append_and_ends_th
     names = [p.get("name") for _, t, p in evs if t == "tool_call"]
     assert names == ["first", "held"]  # the held append landed, numbered before the ending
     assert evs[-1][2].get("reason") == "deadline_exceeded", evs[-1]
+
+
+async def test_an_emit_after_the_cancellation_raises_before_writing(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection
+) -> None:
+    """The other side of the unshielded wait: an agent already cancelled (here, by its
+    deadline) that emits anyway, say in a cleanup handler, gets the cancellation at once,
+    and nothing of that emit reaches the journal."""
+    outcome: list[str] = []
+
+    async def agent(run: runrow.RunContext) -> None:
+        try:
+            await anyio.sleep(60)
+        except BaseException:
+            try:
+                await run.emit({"type": "tool_call", "name": "after"})
+                outcome.append("written")
+            except BaseException:
+                outcome.append("raised")
+                raise
+            raise
+
+    async with runrow.Dispatcher(dsn, agent, schema=schema, **SETTINGS):
+        run = await runrow.enqueue(
+            dsn, schema=schema, conversation_id="c", user_id="u", content="hi", deadline=timedelta(seconds=1)
+        )
+        await wait_for(lambda: is_terminal(conn, schema, run.id), timeout=10, what="the worker's ending")
+    assert outcome == ["raised"]
+    evs = await assert_journal_sound(conn, schema, run.id)
+    assert [t for _, t, _ in evs] == ["user_message_created", "run_queued", "complete"]
