@@ -56,7 +56,7 @@ class JournalWriter:
         retry_budget: float = 10.0,
     ) -> None:
         self._run = run  # its id and claim token fence every flush
-        self._head = row_head(run.id, run.claim_token)  # (each flush's rows start with it)
+        self._head: str | None = None  # each flush's rows start with it (made at the first)
         self.next_seq = int(run.last_seq) + 1
         self._appender = appender
         self._interval = flush_interval
@@ -227,6 +227,8 @@ class JournalWriter:
         when it comes (see :meth:`GroupCommit.submit`)."""
         delay = 0.05
         deadline = _aio.now() + self._retry_budget
+        if self._head is None:  # (not at construction: most runs never flush)
+            self._head = row_head(self._run.id, self._run.claim_token)
         while True:
             try:
                 return await self._appender.submit(
