@@ -17,6 +17,9 @@ from psycopg_pool import AsyncConnectionPool
 
 import runrow
 import runrow.sync
+from runrow import _json
+from runrow._gateway import _exec
+from runrow._gateway import journal as _gw
 from runrow._names import Channels
 
 from . import manual
@@ -575,10 +578,6 @@ async def test_an_append_stores_each_payload_as_the_writer_encoded_it(
     nested in place as the writer's encoder made it: whatever the payload holds
     (quotes, backslashes, line separators, any plane of Unicode, deep values, big
     numbers), the journal reads back the same value, under its type and seq."""
-    from runrow import _json
-    from runrow._gateway import _exec
-    from runrow._gateway import journal as _gw
-
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         await runrow.enqueue(
             conn, schema=schema, conversation_id=f"c-{uuid.uuid4().hex}", user_id="u", content="x"

@@ -65,9 +65,10 @@ def batch_json(rows: Iterable[dict[str, Any]]) -> str:
 
 
 def events_json(batch: Sequence[Appended]) -> str:
-    """``append_events``' rows as one JSON array of objects, written out directly: the payloads are JSON text already (checked for jsonb when
-    made), so each goes in as it is, as a nested value, rather than encoded once more
-    as a string for the server to decode twice; ids and seqs need no escaping."""
+    """``append_events``' rows as one JSON array of objects, written out directly: the
+    payloads are JSON text already (checked for jsonb when made), so each goes in as it
+    is, a nested value, rather than encoded again as a string for the server to decode
+    twice; ids and seqs need no escaping, and a type is encoded once."""
     parts: list[str] = []
     for a in batch:
         head = a.head or row_head(a.run_id, a.claim_token)
