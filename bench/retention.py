@@ -153,12 +153,16 @@ async def _trim_split(url: str) -> tuple[Any, float]:
     from runrow._retention import drop_expired_partitions
 
     runs = events = 0
+    after = None
     started = time.perf_counter()
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         while True:
-            done = await run(conn, gw.trim("runrow", retention_seconds=86400, limit=1000, now=None))
+            done = await run(
+                conn, gw.trim("runrow", retention_seconds=86400, limit=1000, now=None, after=after)
+            )
             runs += done.runs
             events += done.events
+            after = done.last_finished
             if done.runs < 1000:
                 break
     pass_seconds = time.perf_counter() - started

@@ -88,9 +88,14 @@ FROM {schema}.agent_run WHERE id = %(run_id)s
 -- in it is trimmed (see sql/partitions.sql): deleting them here would leave dead tuples
 -- on a live partition for no gain. Only the legacy partition's events (runs made before
 -- migration 20, key 0) are deleted row by row, as before.
+-- A pass's batches go on from where the previous one ended (%(after)s: its last run's
+-- finished_at): without the bound, a batch planned on the index of all finished runs
+-- read every run the pass had already trimmed again, so a pass grew with its square.
+-- (A run a batch skipped as locked, behind the bound, is left for the next pass.)
 WITH old AS (
-    SELECT id, coalesce(lineage_id, id) AS lineage_id FROM {schema}.agent_run
+    SELECT id, coalesce(lineage_id, id) AS lineage_id, finished_at FROM {schema}.agent_run
     WHERE finished_at IS NOT NULL AND NOT journal_trimmed
+      AND finished_at >= coalesce(%(after)s::timestamptz, '-infinity')
       AND finished_at < coalesce(%(now)s::timestamptz, now())
                         - make_interval(secs => %(retention_seconds)s)
     ORDER BY finished_at
@@ -122,7 +127,8 @@ WITH old AS (
     FROM old WHERE a.id = old.id
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM marked) AS runs, (SELECT count(*) FROM gone) AS events
+SELECT (SELECT count(*) FROM marked) AS runs, (SELECT count(*) FROM gone) AS events,
+       (SELECT max(finished_at) FROM old) AS last_finished
 
 -- name: flush_landed
 -- After a flush failed without an answer (connection lost): did its rows land, and does

@@ -48,13 +48,18 @@ async def trim(
     if batch < 1:
         raise InvalidInput("batch", "must be at least 1")
     runs = events = 0
+    after = None  # (each batch goes on from where the previous one ended)
     while True:
         async with schema_guard(db, schema), statement_conn(db) as conn:
             done = await run(
-                conn, _gw.trim(schema, retention_seconds=retention.total_seconds(), limit=batch, now=now)
+                conn,
+                _gw.trim(
+                    schema, retention_seconds=retention.total_seconds(), limit=batch, now=now, after=after
+                ),
             )
         runs += done.runs
         events += done.events
+        after = done.last_finished
         if done.runs < batch:
             break
     partitions = await drop_expired_partitions(

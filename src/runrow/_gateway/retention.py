@@ -12,16 +12,21 @@ if TYPE_CHECKING:
 
 
 class Trimmed(NamedTuple):
-    """One batch of trim: the runs trimmed and the journal rows deleted with them."""
+    """One batch of trim: the runs trimmed, the journal rows deleted with them, and the
+    last of the runs' ``finished_at`` (where the pass's next batch starts; None if none)."""
 
     runs: int
     events: int
+    last_finished: datetime | None = None
 
 
-def trim(schema: str, *, retention_seconds: float, limit: int, now: datetime | None) -> Plan[Trimmed]:
-    """Trims up to ``limit`` runs finished more than ``retention_seconds`` before ``now``."""
-    (row,) = yield Query(  # two counts, always one row
+def trim(
+    schema: str, *, retention_seconds: float, limit: int, now: datetime | None, after: datetime | None = None
+) -> Plan[Trimmed]:
+    """Trims up to ``limit`` runs finished more than ``retention_seconds`` before ``now``,
+    and not before ``after`` (a pass's previous batch's ``last_finished``)."""
+    (row,) = yield Query(  # two counts and a time, always one row
         _sql.statement("trim", schema),
-        {"retention_seconds": retention_seconds, "limit": limit, "now": now},
+        {"retention_seconds": retention_seconds, "limit": limit, "now": now, "after": after},
     )
-    return Trimmed(row[0], row[1])
+    return Trimmed(row[0], row[1], row[2])
