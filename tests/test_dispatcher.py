@@ -846,6 +846,42 @@ async def test_a_stop_waits_for_a_services_statement_instead_of_cutting_it(
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
+async def test_a_stop_waits_for_the_partition_upkeep_instead_of_cutting_it(
+    dsn: str, schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The reaper's upkeep of the journal's partitions (at its start, then every few
+    minutes) is held in flight (its advisory lock, taken here) when the dispatcher stops:
+    as for the schema watch, the stop lets the statement end and lands after it, and
+    nothing is logged. (Unshielded, the stop cut it: 'query cancellation interrupted'.)"""
+    caplog.set_level(logging.WARNING)
+    async with await psycopg.AsyncConnection.connect(dsn) as locker:
+        await locker.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended(%s || ':runrow.journal_partitions', 0))", (schema,)
+        )
+        pid = locker.info.backend_pid
+        d = runrow.Dispatcher(dsn, _noop, schema=schema, **FAST)
+        await d.__aenter__()
+        try:
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as watcher:
+                await wait_for(lambda: blocked_by(watcher, pid), what="the partition upkeep to wait")
+                stopped = anyio.Event()
+
+                async def stop() -> None:
+                    await d.stop()
+                    stopped.set()
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(stop)
+                    await anyio.sleep(0.3)
+                    assert not stopped.is_set(), "the stop did not wait for the upkeep in flight"
+                    await locker.rollback()  # the upkeep goes on and ends; then the stop lands
+                    with anyio.fail_after(10):
+                        await stopped.wait()
+        finally:
+            await d.__aexit__(None, None, None)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
 async def test_a_rejected_ending_is_left_to_the_reaper(
     dsn: str, schema: str, conn: psycopg.AsyncConnection, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -83,8 +83,11 @@ class Reaper:
         every worker does, so a run's first events always find theirs."""
         s = self._settings
         try:
-            # (Not shielded: a cancelled call rolls back whole, and a later one makes them.)
-            with anyio.fail_after(30.0):
+            # Shielded and bounded, like every service's statement: cut by a stop, the
+            # statement's cancel request would be interrupted too, and psycopg would
+            # close the connection with warnings. (Its lock waits stop at 5 s: see
+            # journal_ensure_partitions.)
+            with anyio.CancelScope(shield=True), anyio.fail_after(10.0):
                 async with statement_conn(self._conn) as conn:
                     made = await run(conn, _partitions.ensure(s.schema))
             if made:
