@@ -810,6 +810,29 @@ async def _noop(run: runrow.RunContext) -> None:
     return None
 
 
+async def _stop_while_held(
+    dsn: str, d: runrow.Dispatcher, locker: psycopg.AsyncConnection, what: str
+) -> None:
+    """With a service's statement waiting on ``locker``'s lock: the stop waits for it
+    (not done 0.3 s on), and lands once the lock goes and the statement ends."""
+    pid = locker.info.backend_pid
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as watcher:
+        await wait_for(lambda: blocked_by(watcher, pid), what=f"{what} to wait")
+        stopped = anyio.Event()
+
+        async def stop() -> None:
+            await d.stop()
+            stopped.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(stop)
+            await anyio.sleep(0.3)
+            assert not stopped.is_set(), f"the stop did not wait for {what} in flight"
+            await locker.rollback()  # the statement goes on and ends; then the stop lands
+            with anyio.fail_after(10):
+                await stopped.wait()
+
+
 async def test_a_stop_waits_for_a_services_statement_instead_of_cutting_it(
     dsn: str, schema: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -825,22 +848,7 @@ async def test_a_stop_waits_for_a_services_statement_instead_of_cutting_it(
             await locker.execute(
                 sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(table(schema, "schema_version"))
             )
-            pid = locker.info.backend_pid
-            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as watcher:
-                await wait_for(lambda: blocked_by(watcher, pid), what="the schema watch's read to wait")
-                stopped = anyio.Event()
-
-                async def stop() -> None:
-                    await d.stop()
-                    stopped.set()
-
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(stop)
-                    await anyio.sleep(0.3)
-                    assert not stopped.is_set(), "the stop did not wait for the read in flight"
-                    await locker.rollback()  # the read goes on and ends; then the stop lands
-                    with anyio.fail_after(10):
-                        await stopped.wait()
+            await _stop_while_held(dsn, d, locker, "the schema watch's read")
         finally:
             await d.__aexit__(None, None, None)
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
@@ -858,25 +866,10 @@ async def test_a_stop_waits_for_the_partition_upkeep_instead_of_cutting_it(
         await locker.execute(
             "SELECT pg_advisory_xact_lock(hashtextextended(%s || ':runrow.journal_partitions', 0))", (schema,)
         )
-        pid = locker.info.backend_pid
         d = runrow.Dispatcher(dsn, _noop, schema=schema, **FAST)
         await d.__aenter__()
         try:
-            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as watcher:
-                await wait_for(lambda: blocked_by(watcher, pid), what="the partition upkeep to wait")
-                stopped = anyio.Event()
-
-                async def stop() -> None:
-                    await d.stop()
-                    stopped.set()
-
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(stop)
-                    await anyio.sleep(0.3)
-                    assert not stopped.is_set(), "the stop did not wait for the upkeep in flight"
-                    await locker.rollback()  # the upkeep goes on and ends; then the stop lands
-                    with anyio.fail_after(10):
-                        await stopped.wait()
+            await _stop_while_held(dsn, d, locker, "the partition upkeep")
         finally:
             await d.__aexit__(None, None, None)
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
