@@ -144,27 +144,13 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def _trim_split(url: str) -> tuple[Any, float]:
-    """What runrow.trim does (24 h, batches of 1,000), with the per-run pass timed alone."""
-    import psycopg
-
+    """What runrow.trim does (24 h, batches of 1,000), with the per-run pass timed alone
+    (its own two halves, called in its order)."""
     from runrow import TrimResult
-    from runrow._gateway import retention as gw
-    from runrow._gateway._exec import run
-    from runrow._retention import drop_expired_partitions
+    from runrow._retention import drop_expired_partitions, trim_runs
 
-    runs = events = 0
-    after = None
     started = time.perf_counter()
-    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        while True:
-            done = await run(
-                conn, gw.trim("runrow", retention_seconds=86400, limit=1000, now=None, after=after)
-            )
-            runs += done.runs
-            events += done.events
-            after = done.last_finished
-            if done.runs < 1000:
-                break
+    runs, events = await trim_runs(url, schema="runrow", retention_seconds=86400, batch=1000, now=None)
     pass_seconds = time.perf_counter() - started
     dropped = await drop_expired_partitions(url, schema="runrow", retention_seconds=86400, now=None)
     return TrimResult(runs, events, dropped), pass_seconds

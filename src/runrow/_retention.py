@@ -47,22 +47,31 @@ async def trim(
         raise InvalidInput("retention", "must not be negative")
     if batch < 1:
         raise InvalidInput("batch", "must be at least 1")
+    runs, events = await trim_runs(
+        db, schema=schema, retention_seconds=retention.total_seconds(), batch=batch, now=now
+    )
+    partitions = await drop_expired_partitions(
+        db, schema=schema, retention_seconds=retention.total_seconds(), now=now
+    )
+    return TrimResult(runs, events, partitions)
+
+
+async def trim_runs(
+    db: Database, *, schema: str, retention_seconds: float, batch: int, now: datetime | None
+) -> tuple[int, int]:
+    """Trim's per-run pass (runs trimmed, legacy events deleted), in batches of ``batch``,
+    each its own transaction, each going on from where the previous one ended (the
+    benchmark times it alone: bench/retention.py)."""
     runs = events = 0
-    after = None  # (each batch goes on from where the previous one ended)
+    after = None
     while True:
         async with schema_guard(db, schema), statement_conn(db) as conn:
             done = await run(
                 conn,
-                _gw.trim(
-                    schema, retention_seconds=retention.total_seconds(), limit=batch, now=now, after=after
-                ),
+                _gw.trim(schema, retention_seconds=retention_seconds, limit=batch, now=now, after=after),
             )
         runs += done.runs
         events += done.events
         after = done.last_finished
         if done.runs < batch:
-            break
-    partitions = await drop_expired_partitions(
-        db, schema=schema, retention_seconds=retention.total_seconds(), now=now
-    )
-    return TrimResult(runs, events, partitions)
+            return runs, events
