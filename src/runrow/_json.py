@@ -3,6 +3,7 @@ requires, and bounded), ids and run ids."""
 
 from __future__ import annotations
 
+import decimal
 import json
 import logging
 import re
@@ -63,6 +64,37 @@ def dumps(value: Any, field: str, max_bytes: int | None = None) -> str:
     if _too_deep(text):
         raise InvalidInput(field, f"is nested more than {MAX_DEPTH} levels deep")
     return text
+
+
+def as_stored(text: str) -> Any:
+    """The value PostgreSQL's jsonb keeps for ``text`` (JSON that :func:`dumps` made), as
+    psycopg reads it back, without asking the server: object keys in jsonb's order
+    (shorter first, then by their UTF-8 bytes), the last of duplicate keys, and numbers
+    as jsonb's numeric prints them (no exponent, no negative zero). A step's result is
+    returned this way before its record lands (see steps.py); a hypothesis property in
+    tests/test_json_stored.py holds it to the server's own answer."""
+    return json.loads(text, object_pairs_hook=_jsonb_object, parse_float=_jsonb_number)
+
+
+def _jsonb_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    found = dict(pairs)  # (a repeated key: the last value wins, as in jsonb)
+    if len(found) < 2:
+        return found
+    return {key: found[key] for key in sorted(found, key=_key_order)}
+
+
+def _key_order(key: str) -> tuple[int, bytes]:
+    raw = key.encode()
+    return len(raw), raw
+
+
+def _jsonb_number(text: str) -> int | float:
+    # numeric prints a number without an exponent: one with no digits left after the
+    # point ("1e+16") reads back as an integer. It has no negative zero either.
+    mantissa, _, exponent = text.lower().partition("e")
+    if exponent and len(mantissa.partition(".")[2]) - int(exponent) <= 0:
+        return int(decimal.Decimal(text))
+    return float(text) or 0.0
 
 
 def check_id(value: object, field: str, *, optional: bool = False, max_len: int = 256) -> None:

@@ -158,7 +158,10 @@ class RunContext:
     async def step(self, key: str, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T: ...
     async def step(self, key: str, fn: Callable[P, Any], /, *args: P.args, **kwargs: P.kwargs) -> Any:
         """Runs ``fn(*args, **kwargs)`` (sync or async) at most once per turn, and
-        returns its result, recorded durably (fenced by the claim) first.
+        returns its result, whose record (fenced by the claim) commits before anything
+        the run writes after this call: with the next step's begun marker or earlier,
+        and before any later event, message or ending (see the guarantees page). A
+        claim lost meanwhile stops the agent at its next ``await``.
 
         On a retry of the turn (:func:`runrow.retry_run`, or a ``RetryPolicy``'s) the
         agent runs from the top and each step the earlier attempts recorded returns its
@@ -309,6 +312,12 @@ class RunContext:
         if self._tree is None:
             self._tree = Family(self._host, self._run, self._book)
         return self._tree
+
+    def handing_steps(self) -> Steps | None:
+        """The step book, if a step's record may still be on its way: the executor
+        waits for it before the ending (see HandedRecords.flushed)."""
+        steps = self._steps
+        return steps if steps is not None and steps.records.handing else None
 
     def _book(self) -> Steps:
         if self._steps is None:

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from .journal_writer import Appender
     from .kit import Kit
     from .roster import Roster
+    from .steps import Steps
 
 log = logging.getLogger("runrow.dispatcher")
 log.addFilter(_json.TracebackText())  # a failed run's traceback follows its line
@@ -201,6 +202,8 @@ class Executor:
                 with anyio.CancelScope(shield=True):
                     for helper in helpers:
                         await helper.stop()
+        if (book := ctx.handing_steps()) is not None:
+            status, error = await self._records_landed(active, book, status, error)
         # (The agent is done: its slot goes with the ending, see EndingWriter.hand_over.)
         worker_lost = s.retry is not None and s.retry.worker_lost
         ending = ending_for(
@@ -240,6 +243,23 @@ class Executor:
             park=active.park if ending.status == "waiting" else None,
             later=later if ending.status == "queued" else None,
         )
+
+    async def _records_landed(
+        self, active: ActiveRun, book: Steps, status: RunStatus | None, error: dict[str, Any] | None
+    ) -> tuple[RunStatus | None, dict[str, Any] | None]:
+        """Waits, before the ending, for the step records the agent's steps handed over
+        (shielded: a stop must not leave them unknown). A record the claim no longer
+        fenced means the claim is lost; one the database refused fails a run that
+        would otherwise have completed."""
+        try:
+            with anyio.CancelScope(shield=True):
+                await book.records.flushed()
+        except LeaseLost:
+            self._roster.lost(active.id)
+        except Exception as exc:
+            if status == "completed":
+                return "failed", _json.error_of(exc)
+        return status, error
 
     def _ended(
         self,

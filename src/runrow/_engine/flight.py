@@ -199,3 +199,11 @@ class RunHost(Protocol):
         """Writes one fenced statement (made by ``plan()``: a step's write, a transcript
         message), its commit shared with other runs' such writes; what it returned."""
         ...
+
+    def hand_over_together(
+        self, plan: Callable[[], Plan[Any]], done: Callable[[Any, BaseException | None], None]
+    ) -> None:
+        """Queues a statement as :meth:`write_together` does, without waiting: the writer
+        calls ``done(result, None)`` or ``done(None, error)`` when its batch has ended.
+        Writes queued later land in the same batch or a later one."""
+        ...

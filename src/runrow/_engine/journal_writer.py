@@ -20,7 +20,7 @@ from .groupcommit import GroupCommit
 
 if TYPE_CHECKING:
     import uuid
-    from collections.abc import Callable, Mapping
+    from collections.abc import Awaitable, Callable, Mapping
 
     from anyio.abc import TaskStatus
 
@@ -63,6 +63,10 @@ class JournalWriter:
         self._max_bytes = max_event_bytes
         self._on_lost = on_lost
         self.on_flush: Callable[[int], None] | None = None
+        # While a step's record is on its way (steps.py hands it over without waiting):
+        # what a flush waits for first, so no event the agent wrote after the step lands
+        # before the step's record.
+        self.gate: Callable[[], Awaitable[None]] | None = None
         # Starts run_flusher as a task; called once, on the first merged delta, so a run
         # that streams nothing costs no flusher task (set by the owner).
         self.start_flusher: Callable[[], object] | None = None
@@ -184,6 +188,8 @@ class JournalWriter:
             self._check()
             if due_only and (self._pending is None or _aio.now() < self._pending_since + self._interval):
                 return
+            if self.gate is not None:
+                await self.gate()
             events = self._take_pending() + ([extra] if extra else [])
             if not events:
                 return

@@ -73,6 +73,11 @@ class Host:
     async def write_together(self, plan: Callable[[], Plan[Any]]) -> Any:
         return await self._steps.write(plan)
 
+    def hand_over_together(
+        self, plan: Callable[[], Plan[Any]], done: Callable[[Any, BaseException | None], None]
+    ) -> None:
+        self._steps.hand_over(plan, done)
+
 
 class Parts:
     """One running dispatcher's services and their shared state, wired together."""

@@ -57,6 +57,7 @@ class Steering:
         if prior is not None:
             found = await book.retrying(lambda: self._alone(_gw.read(self._schema, ids=prior.result)))
         else:
+            await book.records.flushed()  # (its own transaction: after the records handed over)
             token = await book.begin(STEERING)
             try:
                 # Shielded: a stop cutting it short would leave unknown what it absorbed;

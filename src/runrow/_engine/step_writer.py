@@ -12,18 +12,29 @@ its own; a batch the server refuses is sent again write by write (see groupcommi
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
-from .._db import HeldConnection
+import anyio
+import psycopg
+
+from .._db import HeldConnection, out_of_budget
 from .._gateway._exec import Plan, run, run_together
 from .groupcommit import GroupCommit
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    import uuid
+    from collections.abc import Awaitable, Callable
 
     from anyio.abc import TaskStatus
 
+    from .flight import RunHost
     from .kit import Kit
+
+log = logging.getLogger("runrow.run")
+
+TRANSIENT = (psycopg.OperationalError, psycopg.InterfaceError, TimeoutError)
+"""Failures after which a step statement is sent again (every one is safe to repeat)."""
 
 
 class StepWriter:
@@ -52,8 +63,36 @@ class StepWriter:
         bounds the wait (and shields it from a stop: see Steps._write)."""
         return await self.writer.submit(plan, caller_shielded=True)
 
+    def hand_over(
+        self, plan: Callable[[], Plan[Any]], done: Callable[[Any, BaseException | None], None]
+    ) -> None:
+        """Queues one step statement with the next batch without waiting; ``done`` gets
+        its outcome (see GroupCommit.hand_over)."""
+        self.writer.hand_over(plan, done)
+
     async def _write_batch(self, plans: list[Callable[[], Plan[Any]]]) -> list[Any]:
         async with self.conn.statement() as conn:
             if len(plans) == 1:  # (alone, plainly: a pipeline costs more for one statement)
                 return [await run(conn, plans[0]())]
             return await run_together(conn, [make() for make in plans])
+
+
+async def retrying(host: RunHost, run_id: uuid.UUID, call: Callable[[], Awaitable[Any]]) -> Any:
+    """Runs ``call`` (a step statement of run ``run_id``), sending it again after a
+    transient failure for up to half the lease."""
+    budget = host.settings.lease / 2
+    deadline = anyio.current_time() + budget
+    delay = 0.05
+    while True:
+        try:
+            with anyio.fail_after(max(deadline - anyio.current_time(), delay)):
+                return await call()
+        except TRANSIENT as exc:
+            if anyio.current_time() + delay > deadline:
+                if (named := out_of_budget(exc, "a step's record (run.step)", budget)) is not None:
+                    raise named from exc
+                raise
+            host.db_trouble()
+            log.info("step write of run %s failed; sending it again", run_id)
+        await anyio.sleep(delay)
+        delay = min(delay * 2, 1.0)

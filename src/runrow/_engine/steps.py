@@ -2,10 +2,12 @@
 
 A step is identified by its key and occurrence (the n-th call with that key in the
 attempt) and has a position (its place among the attempt's step calls). A step that is
-not idempotent is marked begun before it runs; its outcome (the JSON result, or the
-error it raised) is recorded before the agent sees it. Both writes are fenced by the
-claim. A retry is a new run in the same lineage: its agent runs from the top, and each
-step an earlier attempt recorded returns (or raises) what was recorded, without running.
+not idempotent is marked begun before it runs, and its result is returned at once, its
+record landing before anything the run writes after it (handed_records.py); an error,
+and an idempotent step's result, are recorded before the agent sees them. Every write
+is fenced by the claim. A retry is a new run in the same lineage: its agent runs from
+the top, and each step an earlier attempt recorded returns (or raises) what was
+recorded, without running.
 A wait for input parks the run only once the steps in flight beside it have recorded
 their outcomes (bounded by half the lease); no step begins while it waits.
 """
@@ -20,15 +22,16 @@ import uuid
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
-import psycopg
 
 from .. import _json
-from .._db import out_of_budget, statement_conn
+from .._db import statement_conn
 from .._errors import InvalidInput, LeaseLost, StepMismatch, StepUncertain
 from .._gateway import steps as _gw
 from .._gateway._exec import Plan, run
 from .flight import Park
+from .handed_records import HandedRecords
 from .replay import MARKER, Recorded, rebuilt
+from .step_writer import retrying
 from .tree import CHILDREN, Children
 
 if TYPE_CHECKING:
@@ -45,7 +48,6 @@ MAX_STEP_BYTES = 1 << 20
 
 _MAX_KEY = 200
 T = TypeVar("T")
-_TRANSIENT = (psycopg.OperationalError, psycopg.InterfaceError, TimeoutError)
 # The steps whose fn the current code runs inside (their tokens): a wait called from
 # within a step does not wait for that step to settle before it parks (it never would).
 _ENCLOSING: contextvars.ContextVar[tuple[object, ...]] = contextvars.ContextVar(
@@ -87,6 +89,8 @@ class Steps:
         # lowest position's, whichever write came back first.
         self._parking: anyio.Event | None = None
         self._marked: dict[int, tuple[str, Any, float | None, Children | None]] = {}
+        # Results whose records went to the step writer without a wait.
+        self.records = HandedRecords(host, run, journal, self._write, self.settled)
 
     async def run(
         self,
@@ -164,10 +168,16 @@ class Steps:
                 body = _json.dumps(error, "step error")
                 await self._write(_gw.record, **where, idempotent=idempotent, result=None, error=body)
                 raise
-            recorded = await self._write(_gw.record, **where, idempotent=idempotent, result=text, error=None)
-            return recorded.result  # as the database keeps it: what a replay returns too
+            if idempotent:  # (no begun marker to share a commit with: its fence is felt here)
+                recorded = await self._write(_gw.record, **where, idempotent=True, result=text, error=None)
+                return recorded.result  # as the database keeps it: what a replay returns too
+            value = _json.as_stored(text)  # as jsonb keeps it, the same
+            self.records.hand_over(token, where, idempotent, text)
+            token = None  # (settled once the record has landed or failed)
+            return value
         finally:
-            self.settled(token)
+            if token is not None:
+                self.settled(token)
 
     def number(self, key: str) -> tuple[int, int]:
         """The next call's place: its position in the turn and its occurrence of ``key``."""
@@ -341,6 +351,7 @@ class Steps:
         began, which would leave it uncertain. No step begins meanwhile. A step still
         running past the bound is cut by the park: its effect may have happened, so a
         step marked begun stays uncertain, as after a crash, and the log says so."""
+        await self.records.flushed()  # (records handed over are not steps in flight)
         mine = set(_ENCLOSING.get())  # steps this wait runs inside: they cannot settle first
 
         def others() -> list[str]:
@@ -379,22 +390,5 @@ class Steps:
         return done  # type: ignore[no-any-return]
 
     async def retrying(self, call: Callable[[], Awaitable[Any]]) -> Any:
-        """Runs ``call``, sending it again after a transient failure (every step statement
-        is safe to repeat) for up to half the lease."""
-        settings = self._host.settings
-        budget = settings.lease / 2
-        deadline = anyio.current_time() + budget
-        delay = 0.05
-        while True:
-            try:
-                with anyio.fail_after(max(deadline - anyio.current_time(), delay)):
-                    return await call()
-            except _TRANSIENT as exc:
-                if anyio.current_time() + delay > deadline:
-                    if (named := out_of_budget(exc, "a step's record (run.step)", budget)) is not None:
-                        raise named from exc
-                    raise
-                self._host.db_trouble()
-                log.info("step write of run %s failed; sending it again", self._run_id)
-            await anyio.sleep(delay)
-            delay = min(delay * 2, 1.0)
+        """Runs ``call``, sending it again after a transient failure (see step_writer.retrying)."""
+        return await retrying(self._host, self._run_id, call)

@@ -218,7 +218,13 @@ class Family:
         base = f"{step}:{self._spawns[step]}"  # (the n-th spawn under this key: its step's occurrence)
         self._spawns[step] += 1
         options = [self._spawner.options(base, i, *spec) for i, spec in enumerate(specs)]
-        ids = await self._book().run(step, self._spawner.enqueue, (options,), {}, idempotent=True)
+        book = self._book()
+
+        async def enqueue(options: Sequence[EnqueueOptions]) -> list[str]:
+            await book.records.flushed()  # (its own transaction: after the records handed over)
+            return await self._spawner.enqueue(options)
+
+        ids = await book.run(step, enqueue, (options,), {}, idempotent=True)
         return [uuid.UUID(i) for i in ids]
 
     async def wait(self, children: object, first: bool) -> list[ChildResult]:
