@@ -14,6 +14,35 @@ WHERE a.id = %(run_id)s AND a.claim_token = %(claim_token)s AND a.status = 'runn
 ON CONFLICT (id) DO NOTHING
 RETURNING id
 
+-- name: write_message_after_events
+-- write_message with the text streamed before it (RunContext.write_message): the run's
+-- pending journal rows (as append_events takes them, without `usage` rows) and the
+-- message in one statement, both fenced by the claim, so the text lands with its message
+-- or not at all (a read-back of the message tells for both). Returns whether the fence
+-- held, whether the message was inserted (not when an earlier write of the same id had
+-- landed), and the NOTIFY of the run's tails when rows landed.
+WITH run AS (
+    SELECT a.id, a.conversation_id, a.user_message_id FROM {schema}.agent_run a
+    WHERE a.id = %(run_id)s AND a.claim_token = %(claim_token)s AND a.status = 'running'
+), ins AS (
+    INSERT INTO {schema}.run_event (run_id, seq, type, payload)
+    SELECT run.id, e.seq, e.type, e.payload
+    FROM run CROSS JOIN jsonb_to_recordset(%(events)s::jsonb)
+         AS e(run_id uuid, token uuid, seq integer, type text, payload jsonb)
+    WHERE e.run_id = run.id
+    RETURNING run_id
+), msg AS (
+    INSERT INTO {schema}.message (id, conversation_id, run_id, role, content, status, turn)
+    SELECT %(message_id)s, run.conversation_id, run.id, %(role)s, %(content)s, 'complete',
+           (SELECT u.turn FROM {schema}.message u WHERE u.id = run.user_message_id)
+    FROM run
+    ON CONFLICT (id) DO NOTHING
+    RETURNING id
+)
+SELECT EXISTS (SELECT 1 FROM run) AS owned, EXISTS (SELECT 1 FROM msg) AS written,
+       CASE WHEN %(notify)s AND EXISTS (SELECT 1 FROM ins)
+            THEN pg_notify(%(events_prefix)s || replace(%(run_id)s::text, '-', ''), '') END
+
 -- name: message_landed
 -- After a transcript write failed without an answer (connection lost): did the message
 -- land, and does this worker still hold the claim? "Done", "retry" or "stand down".

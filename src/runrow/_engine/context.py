@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
 from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar, overload
@@ -12,7 +13,7 @@ from .. import _json
 from .._db import statement_conn
 from .._errors import InvalidInput, LeaseLost
 from .._events import CONTENT_DELTA
-from .._gateway import reads
+from .._gateway import messages, reads
 from .._gateway._exec import run
 from .._usage_check import usage_payload
 from .message_write import write_resolving
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Mapping, Sequence
     from datetime import datetime
 
+    from .._gateway.journal import Appended
     from .._models import ChildResult, Message
     from .flight import ActiveRun, RunHost
     from .journal_writer import JournalWriter
@@ -127,22 +129,36 @@ class RunContext:
         self._messages += 1
         if self._journal.muted:
             return message_id
-        await self._journal.flush()
+        if (steps := self._steps) is not None and steps.records.failed:
+            await steps.records.flushed()  # (a step's record to send again goes first)
         mark = self._journal.answer_mark()
+        params: dict[str, Any] = {
+            "message_id": message_id,
+            "run_id": self.run_id,
+            "claim_token": self._run.token,
+            "role": role,
+            "content": body,
+        }
+        s = self._host.settings
+
+        def write(pending: Appended) -> Awaitable[bool]:
+            # The text streamed before it rides the message's statement (one commit).
+            with_text = None
+            if pending.events:
+                with_text = functools.partial(
+                    messages.write_after_events,
+                    s.schema,
+                    pending,
+                    channels=s.channels,
+                    notify=s.journal_notify,
+                    **params,
+                )
+            return write_resolving(self._host, self._run, params, with_text)
+
         # Shielded: a stop cutting the write short would leave its outcome unknown, and
         # the ending would then save the streamed text again as a partial answer.
         with anyio.CancelScope(shield=True):
-            landed = await write_resolving(
-                self._host,
-                self._run,
-                {
-                    "message_id": message_id,
-                    "run_id": self.run_id,
-                    "claim_token": self._run.token,
-                    "role": role,
-                    "content": body,
-                },
-            )
+            landed = await self._journal.riding(write)
             if landed:
                 self._journal.answer_taken(mark)
         if not landed:

@@ -57,6 +57,11 @@ class HandedRecords:
         """Whether a record may still be on its way, or one was refused."""
         return bool(self._handed) or self._refused is not None
 
+    @property
+    def failed(self) -> bool:
+        """Whether a record's batch has failed (it is sent again by :meth:`flushed`)."""
+        return any(h.error is not None for h in self._handed)
+
     def hand_over(self, token: object, where: dict[str, Any], idempotent: bool, text: str) -> None:
         """Queues the step's record (``where``: its key, occurrence and position; ``text``:
         its result's JSON) with the step writer's next batch, without waiting. ``token``

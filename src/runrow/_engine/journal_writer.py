@@ -211,6 +211,34 @@ class JournalWriter:
             if not self._landed(rows, landed):
                 raise self.broken  # type: ignore[misc]
 
+    async def riding(self, write: Callable[[Appended], Awaitable[bool]]) -> bool:
+        """Writes the pending text inside another fenced statement, all or nothing
+        (``write_message``'s: the text lands with the message, one commit instead of a
+        flush and then the message): ``write(item)`` gets the rows as one run's append
+        and returns whether its fence held. The rows count as flushed if it did; False
+        if it did not (the claim is lost: broken). Pending ``usage`` rows are flushed
+        first, as usual (their rollup rides append_events alone)."""
+        if self._usage:
+            await self.flush()
+        if self._lock is None:
+            self._lock = anyio.Lock(fast_acquire=True)
+        async with self._lock:
+            self._check()
+            rows = self._number(self._take_pending())
+            if self._head is None:
+                self._head = row_head(self._run.id, self._run.claim_token)
+            try:
+                landed = await write(Appended(self._run.id, self._run.claim_token, rows, self._head))
+            except _REFUSED:
+                raise  # (refused as a whole: nothing landed, the numbering holds)
+            except BaseException as exc:
+                if rows:  # whether they landed is unknown: no further row can be numbered
+                    self.broken = exc
+                raise
+            if rows:
+                return self._landed(rows, landed)
+            return landed
+
     def _landed(self, rows: list[tuple[int, str, str]], landed: bool) -> bool:
         """Counts a flush's outcome: its rows numbered, or the claim lost (broken)."""
         if not landed:

@@ -14,6 +14,9 @@ from .._gateway import messages
 from .._gateway._exec import run
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from .._gateway._exec import Plan
     from .flight import ActiveRun, RunHost
 
 __all__ = ["write_resolving"]
@@ -25,11 +28,20 @@ _TRANSIENT = (psycopg.OperationalError, psycopg.InterfaceError, TimeoutError)
 _TRANSCRIPT_WRITE = "a transcript write (write_message)"  # as a timed-out run's error names it
 
 
-async def write_resolving(host: RunHost, claimed: ActiveRun, params: dict[str, Any]) -> bool:
+async def write_resolving(
+    host: RunHost,
+    claimed: ActiveRun,
+    params: dict[str, Any],
+    plan: Callable[[], Plan[bool]] | None = None,
+) -> bool:
     """The fenced write; after a failure without an answer (a cut connection, a
     database restart), reads back whether the message landed and retries only if
-    it did not. False: the claim is no longer this worker's."""
+    it did not. False: the claim is no longer this worker's. ``plan`` (default: the
+    message alone) may make a statement that writes more with it, all or nothing,
+    returning whether its fence held (messages.write_after_events)."""
     schema = host.settings.schema
+    fence_told = plan is not None  # (its False is the fence's, never an earlier write's)
+    write = plan or (lambda: messages.write(schema, **params))
     budget = host.settings.lease / 2
     deadline = anyio.current_time() + budget
     delay = 0.05
@@ -39,10 +51,10 @@ async def write_resolving(host: RunHost, claimed: ActiveRun, params: dict[str, A
         try:
             with anyio.fail_after(max(deadline - anyio.current_time(), delay)):
                 # (With the step writes: runs in flight share its commit.)
-                written = await host.write_together(lambda: messages.write(schema, **params))
+                written = await host.write_together(write)
             if written:
                 return True
-            if attempt == 1 and claimed.row.lineage_id is None:
+            if fence_told or (attempt == 1 and claimed.row.lineage_id is None):
                 return False  # the fence matched nothing (a first attempt's id is fresh)
             # Nothing written: the fence, or the id taken by an earlier write (this
             # one's, whose answer was lost, or an earlier attempt's of this turn, for a

@@ -1,4 +1,5 @@
-"""A run's fenced transcript writes (``write_message``, ``message_landed`` in ``sql/messages.sql``)."""
+"""A run's fenced transcript writes (``write_message``, ``write_message_after_events``,
+``message_landed`` in ``sql/messages.sql``)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,13 @@ from typing import TYPE_CHECKING
 
 from .. import _sql
 from ._exec import Plan, Query
+from .journal import append_params
 
 if TYPE_CHECKING:
     import uuid
+
+    from .._names import Channels
+    from .journal import Appended
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +48,35 @@ def write(
         },
     )
     return bool(rows)
+
+
+def write_after_events(
+    schema: str,
+    events: Appended,
+    *,
+    channels: Channels,
+    notify: bool,
+    message_id: uuid.UUID,
+    run_id: uuid.UUID,
+    claim_token: uuid.UUID,
+    role: str,
+    content: str,
+) -> Plan[bool]:
+    """:func:`write` with the run's pending journal rows (``events``: no ``usage`` rows)
+    in the same statement: True if the fence held (the rows landed, and the message did
+    or an earlier write of its id had), False if it did not (nothing landed)."""
+    (row,) = yield Query(  # EXISTS columns: always one row
+        _sql.statement("write_message_after_events", schema),
+        {
+            **append_params([events], channels, notify=notify),
+            "message_id": message_id,
+            "run_id": run_id,
+            "claim_token": claim_token,
+            "role": role,
+            "content": content,
+        },
+    )
+    return bool(row[0])
 
 
 def landed(
