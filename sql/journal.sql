@@ -123,8 +123,10 @@ WITH old AS (
 ), tree_members_gone AS (
     DELETE FROM {schema}.tree_member m USING old WHERE m.root_run_id = old.id
 ), marked AS (
+    -- (By the primary key, run by run: a join with `old` may be planned as a hash join
+    -- over a sequential scan of every run, once per batch.)
     UPDATE {schema}.agent_run a SET journal_trimmed = true, request = NULL
-    FROM old WHERE a.id = old.id
+    WHERE a.id = ANY (ARRAY(SELECT id FROM old))
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM marked) AS runs, (SELECT count(*) FROM gone) AS events,

@@ -105,3 +105,27 @@ async def test_a_batch_starts_at_its_bound_and_says_where_the_next_one_starts(ds
         assert (done.runs, done.last_finished) == (0, None)
         # A new pass (no bound) trims the rest.
         assert (await runrow.trim(conn, schema=schema, retention=timedelta(days=1))).runs == 6
+
+
+async def test_a_batch_marks_its_runs_through_the_primary_key(dsn: str, schema: str) -> None:
+    """Planned as a join with the batch, the update read every run once per batch (a
+    hash join over a sequential scan of agent_run: half a 1,000-run batch's time on a
+    100,000-run table); by the primary key, it reads only the runs it marks."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await _finished_runs(conn, schema, RUNS)
+        before = await _seq_scans(conn, schema)
+        result = await runrow.trim(conn, schema=schema, retention=timedelta(days=1), batch=50)
+        scans = await _seq_scans(conn, schema) - before
+    assert result.runs == RUNS
+    assert scans == 0, f"{scans} sequential scans of agent_run in {RUNS // 50} batches"
+
+
+async def _seq_scans(conn: psycopg.AsyncConnection, schema: str) -> int:
+    await conn.execute("SELECT pg_stat_force_next_flush()")
+    await conn.execute("SELECT pg_stat_clear_snapshot()")
+    cur = await conn.execute(
+        "SELECT seq_scan FROM pg_stat_user_tables WHERE schemaname = %s AND relname = 'agent_run'", (schema,)
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row[0])
