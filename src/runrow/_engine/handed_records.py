@@ -91,8 +91,18 @@ class HandedRecords:
             if handed.fenced:
                 self._host.lost(run_id)
             self._settled(token)
+            self._forget_landed()
 
         self._host.hand_over_together(plan, landed)
+
+    def _forget_landed(self) -> None:
+        # Records known to have landed need nothing more (their results' JSON is let go:
+        # a long turn of large results keeps none of them).
+        handed = self._handed
+        while handed and handed[0].done.is_set() and handed[0].error is None and not handed[0].fenced:
+            handed.pop(0)
+        if not handed and self._journal is not None:
+            self._journal.gate = None
 
     async def flushed(self) -> None:
         """Returns once every record handed over has landed. A record whose batch failed
