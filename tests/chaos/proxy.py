@@ -42,9 +42,11 @@ class Proxy:
         self.accepted = 0
         self.cuts = 0
         self.answers_lost = 0
+        self.requests_dropped = 0
         self.refuse_new = False
         self._pairs: set[_Pair] = set()
         self._marker: bytes | None = None
+        self._drop_marker: bytes | None = None
 
     @property
     def open_connections(self) -> int:
@@ -76,6 +78,11 @@ class Proxy:
         its connection closed."""
         self._marker = marker
 
+    def drop_request_with(self, marker: bytes) -> None:
+        """One shot: the next request carrying ``marker`` is not sent on, and its
+        connection is closed (the statement never reaches the server)."""
+        self._drop_marker = marker
+
     async def _handle(self, client: SocketStream) -> None:
         self.accepted += 1
         pair = _Pair()
@@ -103,6 +110,10 @@ class Proxy:
         try:
             while True:
                 data = await src.receive(65536)
+                if upstream and self._drop_marker is not None and self._drop_marker in data:
+                    self._drop_marker = None
+                    self.requests_dropped += 1
+                    break  # not sent on; the pair is closed below
                 if upstream and self._marker is not None and self._marker in data:
                     self._marker, pair.lose_answer = None, True
                 elif not upstream and pair.lose_answer:

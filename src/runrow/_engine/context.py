@@ -143,17 +143,24 @@ class RunContext:
 
         def write(pending: Appended) -> Awaitable[bool]:
             # The text streamed before it rides the message's statement (one commit).
-            with_text = None
-            if pending.events:
-                with_text = functools.partial(
-                    messages.write_after_events,
-                    s.schema,
-                    pending,
-                    channels=s.channels,
-                    notify=s.journal_notify,
-                    **params,
-                )
-            return write_resolving(self._host, self._run, params, with_text)
+            if not pending.events:
+                return write_resolving(self._host, self._run, params)
+            with_text = functools.partial(
+                messages.write_after_events,
+                s.schema,
+                pending,
+                channels=s.channels,
+                notify=s.journal_notify,
+                **params,
+            )
+            read_back = functools.partial(
+                messages.rows_landed,
+                s.schema,
+                run_id=self.run_id,
+                claim_token=self._run.token,
+                seqs=[row[0] for row in pending.events],
+            )
+            return write_resolving(self._host, self._run, params, with_text, read_back)
 
         # Shielded: a stop cutting the write short would leave its outcome unknown, and
         # the ending would then save the streamed text again as a partial answer.

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from .._gateway._exec import Plan
+    from .._gateway.messages import MessageState
     from .flight import ActiveRun, RunHost
 
 __all__ = ["write_resolving"]
@@ -33,12 +34,14 @@ async def write_resolving(
     claimed: ActiveRun,
     params: dict[str, Any],
     plan: Callable[[], Plan[bool]] | None = None,
+    read_back: Callable[[], Plan[MessageState]] | None = None,
 ) -> bool:
     """The fenced write; after a failure without an answer (a cut connection, a
     database restart), reads back whether the message landed and retries only if
     it did not. False: the claim is no longer this worker's. ``plan`` (default: the
     message alone) may make a statement that writes more with it, all or nothing,
-    returning whether its fence held (messages.write_after_events)."""
+    returning whether its fence held (messages.write_after_events), with ``read_back``
+    telling whether it landed (messages.rows_landed)."""
     schema = host.settings.schema
     fence_told = plan is not None  # (its False is the fence's, never an earlier write's)
     write = plan or (lambda: messages.write(schema, **params))
@@ -79,7 +82,9 @@ async def write_resolving(
                     async with statement_conn(host.pool()) as conn:
                         got = await run(
                             conn,
-                            messages.landed(
+                            read_back()
+                            if read_back is not None
+                            else messages.landed(
                                 schema,
                                 message_id=params["message_id"],
                                 run_id=claimed.id,

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from .. import _sql
 from ._exec import Plan, Query
-from .journal import append_params
+from .journal import append_params, flush_landed
 
 if TYPE_CHECKING:
     import uuid
@@ -77,6 +77,16 @@ def write_after_events(
         },
     )
     return bool(row[0])
+
+
+def rows_landed(
+    schema: str, *, run_id: uuid.UUID, claim_token: uuid.UUID, seqs: list[int]
+) -> Plan[MessageState]:
+    """After :func:`write_after_events` failed without an answer: whether its rows
+    landed (then all of it did: one statement), and whether the claim holds. (Not the
+    message: an earlier attempt of the turn may have written one with its id.)"""
+    state = yield from flush_landed(schema, run_id, claim_token, seqs)
+    return MessageState(state.landed == len(seqs), state.owned)
 
 
 def landed(
