@@ -18,7 +18,8 @@ RETURNING id
 -- write_message with the text streamed before it (RunContext.write_message): the run's
 -- pending journal rows (as append_events takes them, without `usage` rows) and the
 -- message in one statement, both fenced by the claim, so the text lands with its message
--- or not at all (a read-back of the message tells for both). Returns whether the fence
+-- or not at all (after a lost answer, a read-back of its rows tells for both: flush_landed;
+-- the message's id may be an earlier attempt's of the turn). Returns whether the fence
 -- held, whether the message was inserted (not when an earlier write of the same id had
 -- landed), and the NOTIFY of the run's tails when rows landed.
 WITH run AS (
