@@ -98,12 +98,7 @@ async def test_nothing_the_run_writes_after_a_step_lands_before_its_record(
             await holder.rollback()
             await wait_for(lambda: _ended(conn, schema, queued.id), what="the run's ending")
     assert await status_of(conn, schema, queued.id) == "completed"
-    got = await rows(
-        conn,
-        sql.SQL("SELECT status, result FROM {} WHERE run_id = %s").format(table(schema, "run_step")),
-        (queued.id,),
-    )
-    assert got == [("recorded", "done")]
+    assert await _steps(conn, schema, queued.id) == [("recorded", "done")]
     assert [t for _, t, _ in await events(conn, schema, queued.id)][-2:] == ["after_step", "complete"]
 
 
@@ -130,13 +125,16 @@ async def test_the_ending_waits_for_the_last_steps_record(
             await holder.rollback()
             await wait_for(lambda: _ended(conn, schema, queued.id), what="the run's ending")
     assert await status_of(conn, schema, queued.id) == "completed"
-    got = await rows(
-        conn,
-        sql.SQL("SELECT status, result FROM {} WHERE run_id = %s").format(table(schema, "run_step")),
-        (queued.id,),
-    )
-    assert got == [("recorded", 7)]
+    assert await _steps(conn, schema, queued.id) == [("recorded", 7)]
 
 
 async def _ended(conn: psycopg.AsyncConnection, schema: str, run_id: uuid.UUID) -> bool:
     return await status_of(conn, schema, run_id) not in ("queued", "running")
+
+
+async def _steps(conn: psycopg.AsyncConnection, schema: str, run_id: uuid.UUID) -> list[tuple[Any, ...]]:
+    return await rows(
+        conn,
+        sql.SQL("SELECT status, result FROM {} WHERE run_id = %s").format(table(schema, "run_step")),
+        (run_id,),
+    )

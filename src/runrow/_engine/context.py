@@ -151,7 +151,7 @@ class RunContext:
                 pending,
                 channels=s.channels,
                 notify=s.journal_notify,
-                **params,
+                message=params,
             )
             read_back = functools.partial(
                 messages.rows_landed,

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .. import _sql
 from ._exec import Plan, Query
@@ -12,6 +12,7 @@ from .journal import append_params, flush_landed
 
 if TYPE_CHECKING:
     import uuid
+    from collections.abc import Mapping
 
     from .._names import Channels
     from .journal import Appended
@@ -51,30 +52,15 @@ def write(
 
 
 def write_after_events(
-    schema: str,
-    events: Appended,
-    *,
-    channels: Channels,
-    notify: bool,
-    message_id: uuid.UUID,
-    run_id: uuid.UUID,
-    claim_token: uuid.UUID,
-    role: str,
-    content: str,
+    schema: str, events: Appended, *, channels: Channels, notify: bool, message: Mapping[str, Any]
 ) -> Plan[bool]:
-    """:func:`write` with the run's pending journal rows (``events``: no ``usage`` rows)
-    in the same statement: True if the fence held (the rows landed, and the message did
-    or an earlier write of its id had), False if it did not (nothing landed)."""
+    """:func:`write` (``message``: its keyword arguments) with the run's pending journal
+    rows (``events``: no ``usage`` rows) in the same statement: True if the fence held
+    (the rows landed, and the message did or an earlier write of its id had), False if
+    it did not (nothing landed)."""
     (row,) = yield Query(  # EXISTS columns: always one row
         _sql.statement("write_message_after_events", schema),
-        {
-            **append_params([events], channels, notify=notify),
-            "message_id": message_id,
-            "run_id": run_id,
-            "claim_token": claim_token,
-            "role": role,
-            "content": content,
-        },
+        {**append_params([events], channels, notify=notify), **message},
     )
     return bool(row[0])
 
