@@ -15,7 +15,7 @@ from psycopg import sql
 
 import runrow
 
-from .helpers import blocked_by, events, rows, status_of, table, wait_for
+from .helpers import blocked_by, events, rows, run_row, status_of, table, wait_for
 
 pytestmark = pytest.mark.anyio
 
@@ -138,3 +138,40 @@ async def _steps(conn: psycopg.AsyncConnection, schema: str, run_id: uuid.UUID) 
         sql.SQL("SELECT status, result FROM {} WHERE run_id = %s").format(table(schema, "run_step")),
         (run_id,),
     )
+
+
+@pytest.mark.parametrize("then", ["emits", "returns"])
+async def test_a_record_the_database_refuses_fails_the_run_at_its_next_write(
+    dsn: str, schema: str, conn: psycopg.AsyncConnection, then: str
+) -> None:
+    """A trigger refuses the record of the result "poison", after the step has returned
+    it: the run's next write (an event; with nothing more, its ending) raises the
+    refusal, the run ends failed with it, and nothing the agent wrote after the step
+    lands."""
+    await conn.execute(
+        sql.SQL("""
+        CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NEW.result = '"poison"'::jsonb THEN RAISE EXCEPTION 'injected refusal of a step record'; END IF;
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER refuse_poison BEFORE UPDATE ON {t} FOR EACH ROW EXECUTE FUNCTION {fn}();
+    """).format(fn=sql.Identifier(schema, "refuse_poison"), t=table(schema, "run_step"))
+    )
+    reached: list[str] = []
+
+    async def agent(run: runrow.RunContext) -> None:
+        assert await run.step("tool", lambda: "poison") == "poison"
+        if then == "emits":
+            await run.emit({"type": "after_step"})
+            reached.append("the event was written")
+
+    queued = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content=1)
+    async with runrow.Dispatcher(dsn, agent, schema=schema, **FAST):
+        await wait_for(lambda: _ended(conn, schema, queued.id), what="the run's ending")
+    row = await run_row(conn, schema, queued.id)
+    assert row["status"] == "failed", row
+    assert "injected refusal of a step record" in row["error"]["message"], row["error"]
+    assert reached == []
+    assert "after_step" not in [t for _, t, _ in await events(conn, schema, queued.id)]
+    assert await _steps(conn, schema, queued.id) == [("started", None)]
