@@ -235,11 +235,14 @@ async def test_stopping_the_parent_cancels_every_descendant_in_one_transaction(
         await wait_for(lambda: _is(conn, schema, run.id, "waiting"), what="the parent to park")
 
         async def three_running() -> bool:
+            # (And the grandchild enqueued: the spawner may be claimed, with the two
+            # others, a moment before its own spawn commits.)
             cur = await conn.execute(
-                f'SELECT count(*) FROM "{schema}".agent_run WHERE root_run_id = %s AND status = %s',
-                (run.id, "running"),
+                f"SELECT count(*) FILTER (WHERE status = %s), count(*) FILTER (WHERE status = %s)"
+                f' FROM "{schema}".agent_run WHERE root_run_id = %s',
+                ("running", "queued", run.id),
             )
-            return (await cur.fetchone())[0] == 3  # type: ignore[index]
+            return await cur.fetchone() == (3, 2)
 
         await wait_for(three_running, what="three descendants running, the rest queued")
         cur = await conn.execute(
