@@ -20,8 +20,8 @@ RETURNING id
 -- message in one statement, both fenced by the claim, so the text lands with its message
 -- or not at all (after a lost answer, a read-back of its rows tells for both: flush_landed;
 -- the message's id may be an earlier attempt's of the turn). Returns whether the fence
--- held, whether the message was inserted (not when an earlier write of the same id had
--- landed), and the NOTIFY of the run's tails when rows landed.
+-- held (then the rows landed, and the message did unless an earlier write of its id had),
+-- with the NOTIFY of the run's tails when rows landed.
 WITH run AS (
     SELECT a.id, a.conversation_id, a.user_message_id FROM {schema}.agent_run a
     WHERE a.id = %(run_id)s AND a.claim_token = %(claim_token)s AND a.status = 'running'
@@ -40,7 +40,7 @@ WITH run AS (
     ON CONFLICT (id) DO NOTHING
     RETURNING id
 )
-SELECT EXISTS (SELECT 1 FROM run) AS owned, EXISTS (SELECT 1 FROM msg) AS written,
+SELECT EXISTS (SELECT 1 FROM run) AS owned,
        CASE WHEN %(notify)s AND EXISTS (SELECT 1 FROM ins)
             THEN pg_notify(%(events_prefix)s || replace(%(run_id)s::text, '-', ''), '') END
 

@@ -62,11 +62,12 @@ class HandedRecords:
         """Whether a record's batch has failed (it is sent again by :meth:`flushed`)."""
         return any(h.error is not None for h in self._handed)
 
-    def hand_over(self, token: object, where: dict[str, Any], idempotent: bool, text: str) -> None:
-        """Queues the step's record (``where``: its key, occurrence and position; ``text``:
-        its result's JSON) with the step writer's next batch, without waiting. ``token``
-        (the step's, from ``Steps.begin``) is settled when the batch has ended."""
-        handed = _Handed(token, where, idempotent, text)
+    def hand_over(self, token: object, where: dict[str, Any], text: str) -> None:
+        """Queues the record of a step that is not idempotent (``where``: its key,
+        occurrence and position; ``text``: its result's JSON) with the step writer's next
+        batch, without waiting. ``token`` (the step's, from ``Steps.begin``) is settled
+        when the batch has ended."""
+        handed = _Handed(token, where, text)
         if not self._handed and self._journal is not None:
             self._journal.gate = self.flushed  # its flushes wait for the records first
         self._handed.append(handed)
@@ -78,7 +79,7 @@ class HandedRecords:
                 run_id=run_id,
                 claim_token=claim,
                 **where,
-                idempotent=idempotent,
+                idempotent=False,
                 result=text,
                 error=None,
             )
@@ -122,7 +123,7 @@ class HandedRecords:
                     self._refused = handed.error
                     raise handed.error
                 await self._write(
-                    _gw.record, **handed.where, idempotent=handed.idempotent, result=handed.text, error=None
+                    _gw.record, **handed.where, idempotent=False, result=handed.text, error=None
                 )
                 handed.error = None
             if self._handed and self._handed[0] is handed:
@@ -136,12 +137,11 @@ class HandedRecords:
 class _Handed:
     """A record handed over, and how its batch ended."""
 
-    __slots__ = ("done", "error", "fenced", "idempotent", "text", "token", "where")
+    __slots__ = ("done", "error", "fenced", "text", "token", "where")
 
-    def __init__(self, token: object, where: dict[str, Any], idempotent: bool, text: str) -> None:
+    def __init__(self, token: object, where: dict[str, Any], text: str) -> None:
         self.token = token
         self.where = where
-        self.idempotent = idempotent
         self.text = text
         self.done = _aio.Event()
         self.error: BaseException | None = None

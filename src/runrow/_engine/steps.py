@@ -172,7 +172,7 @@ class Steps:
                 recorded = await self._write(_gw.record, **where, idempotent=True, result=text, error=None)
                 return recorded.result  # as the database keeps it: what a replay returns too
             value = _json.as_stored(text)  # as jsonb keeps it, the same
-            self.records.hand_over(token, where, idempotent, text)
+            self.records.hand_over(token, where, text)
             token = None  # (settled once the record has landed or failed)
             return value
         finally:
