@@ -82,12 +82,13 @@ SELECT status, error,
 FROM {schema}.agent_run WHERE id = %(run_id)s
 
 -- name: trim
--- Marks the journal of runs finished longer ago than the retention window trimmed and
--- nulls their request snapshot (it may hold personal data). The transcript stays. Since
--- migration 20 their events go with their partition, dropped whole once every run made
--- in it is trimmed (see sql/partitions.sql): deleting them here would leave dead tuples
--- on a live partition for no gain. Only the legacy partition's events (runs made before
--- migration 20, key 0) are deleted row by row, as before.
+-- Trim's per-run pass: marks the journal of runs finished longer ago than the retention
+-- window trimmed and nulls their request snapshot (it may hold personal data), run by
+-- run. Since migration 28 retention needs it only for the legacy partition's runs (made
+-- before migration 20, key 0: %(legacy_only)s), whose events it deletes row by row;
+-- every other run is trimmed with its partition, when it is retired (sql/partitions.sql).
+-- With erase_requests a host runs it over every run, to null their snapshots too. The
+-- transcript stays.
 -- A pass's batches go on from where the previous one ended (%(after)s: its last run's
 -- finished_at): without the bound, a batch planned on the index of all finished runs
 -- read every run the pass had already trimmed again, so a pass grew with its square.
@@ -98,6 +99,7 @@ WITH old AS (
       AND finished_at >= coalesce(%(after)s::timestamptz, '-infinity')
       AND finished_at < coalesce(%(now)s::timestamptz, now())
                         - make_interval(secs => %(retention_seconds)s)
+      AND (NOT %(legacy_only)s OR {schema}.run_ms(id) = 0)
     ORDER BY finished_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -131,6 +133,11 @@ WITH old AS (
 )
 SELECT (SELECT count(*) FROM marked) AS runs, (SELECT count(*) FROM gone) AS events,
        (SELECT max(finished_at) FROM old) AS last_finished
+
+-- name: trim_legacy_left
+-- Whether the legacy partition (events of runs made before migration 20) holds any row:
+-- while it does, trim's per-run pass has runs to trim there.
+SELECT EXISTS (SELECT 1 FROM {schema}.run_event WHERE {schema}.run_ms(run_id) = 0)
 
 -- name: flush_landed
 -- After a flush failed without an answer (connection lost): did its rows land, and does

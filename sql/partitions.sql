@@ -1,5 +1,5 @@
 -- The journal's partitions (migrations 18-20): made ahead of the clock, listed, and
--- dropped whole by trim once nobody needs their events.
+-- dropped whole by trim once nobody needs their events (retired first: migration 28).
 
 -- name: journal_ensure_partitions
 -- Makes the partitions up to journal_settings.premake intervals past `at` (default now);
@@ -13,24 +13,63 @@ SELECT name::text, lo, hi, detach_pending, rows_estimate
 FROM {schema}.journal_partition_bounds()
 ORDER BY lo NULLS FIRST
 
--- name: journal_partitions_expired
--- The partitions trim may drop: every run made in the partition's interval was made
--- before the cutoff and has had its journal trimmed (it finished before the cutoff:
--- see trim), so no tail, retry or worker needs any of its events. The runs of an
--- interval are a range of the primary key (ids are time-ordered), read from its start
--- until an untrimmed one is found. (A version-4 id from before migration 20 that falls
--- in the range holds the partition back until it is trimmed too: safe, never wrong.)
-SELECT b.name::text, b.rows_estimate
-FROM {schema}.journal_partition_bounds() b
-WHERE b.lo >= 1 AND NOT b.detach_pending
-  AND b.hi <= (extract(epoch FROM coalesce(%(now)s::timestamptz, now())
-                                    - make_interval(secs => %(retention_seconds)s)) * 1000)::bigint
-  AND NOT EXISTS (
-      SELECT 1 FROM {schema}.agent_run r
-      WHERE r.id >= (lpad(to_hex(b.lo), 12, '0') || repeat('0', 20))::uuid
-        AND r.id < (lpad(to_hex(b.hi), 12, '0') || repeat('0', 20))::uuid
-        AND NOT r.journal_trimmed)
-ORDER BY b.lo
+-- name: journal_retired
+-- The retired ranges (ms of run creation, migration 28): runs made in them are trimmed.
+SELECT lo_ms, hi_ms FROM {schema}.journal_retired ORDER BY lo_ms
+
+-- name: journal_retire_lock
+-- Trim's side of the lock with retry (migration 28): held until the retiring
+-- transaction ends, taken before it reads which runs are unfinished.
+SELECT 1 FROM {schema}.journal_retire_lock FOR UPDATE
+
+-- name: journal_retire_partition
+-- Retires the partition of runs made in [lo, hi) ms if nobody needs it: it ends before
+-- the cutoff, and every run made in it, every run of a lineage begun in it (a retry
+-- made later replays those step records) and every run of a tree rooted in it finished
+-- before the cutoff. Then, in this statement: the range is written (merged into one
+-- that ends at lo), which trims those runs, and the step records and tree streams keyed
+-- by them go (ranges of their keys; a version-4 key that falls in the range is not
+-- one of them). Its caller holds the lock row (journal_retire_lock), so no retry of
+-- those lineages is being written meanwhile. Returns nothing if the partition is still
+-- needed; else the runs made in it and how many of them were not marked trimmed before.
+WITH bound AS (
+    SELECT {schema}.run_id_floor(%(lo)s) AS lo, {schema}.run_id_floor(%(hi)s) AS hi,
+           coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(retention_seconds)s) AS cutoff
+), made AS (
+    SELECT count(*) AS runs, count(*) FILTER (WHERE NOT r.journal_trimmed) AS unmarked,
+           coalesce(bool_and(r.finished_at IS NOT NULL AND r.finished_at < b.cutoff), true) AS done
+    FROM bound b JOIN {schema}.agent_run r ON r.id >= b.lo AND r.id < b.hi
+), ok AS (
+    SELECT made.runs, made.unmarked FROM made, bound b
+    WHERE made.done
+      AND %(hi)s <= (extract(epoch FROM b.cutoff) * 1000)::bigint
+      AND NOT EXISTS (SELECT 1 FROM {schema}.agent_run r
+                      WHERE r.lineage_id >= b.lo AND r.lineage_id < b.hi
+                        AND (r.finished_at IS NULL OR r.finished_at >= b.cutoff))
+      AND NOT EXISTS (SELECT 1 FROM {schema}.agent_run r
+                      WHERE r.root_run_id >= b.lo AND r.root_run_id < b.hi
+                        AND (r.finished_at IS NULL OR r.finished_at >= b.cutoff))
+), merged AS (
+    UPDATE {schema}.journal_retired SET hi_ms = %(hi)s
+    WHERE hi_ms = %(lo)s AND EXISTS (SELECT 1 FROM ok)
+    RETURNING 1
+), added AS (
+    INSERT INTO {schema}.journal_retired (lo_ms, hi_ms)
+    SELECT %(lo)s, %(hi)s WHERE EXISTS (SELECT 1 FROM ok) AND NOT EXISTS (SELECT 1 FROM merged)
+), steps AS (
+    DELETE FROM {schema}.run_step s USING bound b
+    WHERE EXISTS (SELECT 1 FROM ok) AND s.lineage_id >= b.lo AND s.lineage_id < b.hi
+      AND {schema}.run_ms(s.lineage_id) >= 1
+), tree_gone AS (
+    DELETE FROM {schema}.tree_log l USING bound b
+    WHERE EXISTS (SELECT 1 FROM ok) AND l.root_run_id >= b.lo AND l.root_run_id < b.hi
+      AND {schema}.run_ms(l.root_run_id) >= 1
+), tree_members_gone AS (
+    DELETE FROM {schema}.tree_member m USING bound b
+    WHERE EXISTS (SELECT 1 FROM ok) AND m.root_run_id >= b.lo AND m.root_run_id < b.hi
+      AND {schema}.run_ms(m.root_run_id) >= 1
+)
+SELECT runs, unmarked FROM ok
 
 -- name: journal_partitions_detach_pending
 -- Partitions a detach left half done (it was cancelled or its connection dropped).

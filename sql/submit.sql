@@ -151,14 +151,18 @@ WHERE a.user_id = %(user_id)s AND a.idempotency_key = %(idempotency_key)s
 -- one retry per run (unique index on retry_of): a second call returns nothing here.
 -- Like enqueue, it takes the conversation's advisory lock before its queue_order is
 -- drawn, so the conversation's runs queue in commit order (see enqueue). A trimmed run
--- is not retried: trim deleted its request snapshot (and sets the flag in the same
--- write, so this snapshot sees both or neither).
+-- is not retried: its step records may be gone (trim's per-run pass deletes them with
+-- the last of the lineage's runs and sets the flag in the same write, so this snapshot
+-- sees both or neither; a partition's retirement deletes a lineage's with the range its
+-- first run was made in, and the trigger of migration 28 orders this insert against it:
+-- in a race it refuses the insert, which retry_run reports as RunTrimmed).
 WITH src AS (
     SELECT id, conversation_id, user_id, tenant_id, user_message_id, request, priority,
            lineage_id, attempt, deadline_at, version, agent_key, parent_run_id, root_run_id, limit_key,
            pg_advisory_xact_lock(hashtextextended(%(conversation_lock_prefix)s::text || conversation_id, 0))
     FROM {schema}.agent_run
     WHERE id = %(run_id)s AND status IN ('failed', 'cancelled', 'expired') AND NOT journal_trimmed
+      AND NOT {schema}.run_retired(coalesce(lineage_id, id))
       -- A kept deadline that has passed would only end the retry at once: not retried
       -- (retry_source says why; the caller may set a new deadline or clear it).
       AND NOT (%(keep_deadline)s AND coalesce(deadline_at <= now(), false))
@@ -201,7 +205,8 @@ SELECT id, status, conversation_id, user_message_id, created_at
 FROM {schema}.agent_run WHERE retry_of = %(run_id)s
 
 -- name: retry_source
--- Why a run was not retried: its status, whether trim deleted its request, and its
--- deadline and whether that has passed (by the database's clock, as retry's check).
-SELECT status, journal_trimmed, deadline_at, coalesce(deadline_at <= now(), false)
+-- Why a run was not retried: its status, whether it is trimmed (marked, or its lineage
+-- made in a retired range), and its deadline and whether that has passed (by the database's
+-- clock, as retry's check).
+SELECT status, journal_trimmed OR {schema}.run_retired(coalesce(lineage_id, id)), deadline_at, coalesce(deadline_at <= now(), false)
 FROM {schema}.agent_run WHERE id = %(run_id)s

@@ -259,8 +259,10 @@ async def test_trim_marks_old_runs_then_drops_their_partition_whole_and_keeps_th
     token = {r["id"]: r["claim_token"] for r in rows}
     assert await manual.finalize(conn, schema, old.id, token[old.id], "completed", 3)
     now = await manual.db_now(conn)
-    assert await runrow.trim(dsn, schema=schema, now=now) == runrow.TrimResult(0, 0, 0)  # too recent
-    result = await runrow.trim(dsn, schema=schema, now=now + timedelta(hours=25))
+    assert await runrow.trim(dsn, schema=schema, now=now, erase_requests=True) == runrow.TrimResult(
+        0, 0, 0
+    )  # too recent
+    result = await runrow.trim(dsn, schema=schema, now=now + timedelta(hours=25), erase_requests=True)
     # The live run, made in the same hour, holds the partition: the old run's events stay.
     assert result == runrow.TrimResult(runs=1, events=0, partitions=0)
     assert len(await events(conn, schema, old.id)) == 3
@@ -275,7 +277,7 @@ async def test_trim_marks_old_runs_then_drops_their_partition_whole_and_keeps_th
     assert await manual.finalize(conn, schema, live.id, token[live.id], "completed", 3)
     later = now + timedelta(days=2, hours=1)
     before = await runrow.journal_partitions(dsn, schema=schema)
-    assert await runrow.trim(dsn, schema=schema, now=later) == runrow.TrimResult(
+    assert await runrow.trim(dsn, schema=schema, now=later, erase_requests=True) == runrow.TrimResult(
         runs=1, events=0, partitions=3
     )
     after = await runrow.journal_partitions(dsn, schema=schema)
@@ -284,7 +286,7 @@ async def test_trim_marks_old_runs_then_drops_their_partition_whole_and_keeps_th
     # A trimmed run's tail still ends, from the row.
     got = [e async for e in runrow.tail(dsn, old.id, schema=schema)]
     assert [(e.type, e.payload["status"]) for e in got] == [("complete", "completed")]
-    assert await runrow.trim(dsn, schema=schema, now=later) == runrow.TrimResult(0, 0, 0)
+    assert await runrow.trim(dsn, schema=schema, now=later, erase_requests=True) == runrow.TrimResult(0, 0, 0)
     # A run made now finds its partition again (made on demand by the next ensure).
     assert await runrow.ensure_journal_partitions(dsn, schema=schema) >= 1
     again = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="again")
@@ -306,7 +308,9 @@ async def test_retry_after_trim_is_refused_rather_than_run_without_its_request(
     retried = await runrow.retry_run(dsn, early.id, schema=schema)  # before the trim: keeps it
     assert (await run_row(conn, schema, retried.id))["request"] == {"model": "m"}
     now = await manual.db_now(conn)
-    assert (await runrow.trim(dsn, schema=schema, now=now + timedelta(hours=25))).runs == 2
+    assert (
+        await runrow.trim(dsn, schema=schema, now=now + timedelta(hours=25), erase_requests=True)
+    ).runs == 2
     before = await runrow.list_runs(dsn, schema=schema)
     with pytest.raises(runrow.RunTrimmed) as info:
         await runrow.retry_run(dsn, late.id, schema=schema)

@@ -239,7 +239,7 @@ async def test_everything_works_through_transaction_pooling(
     assert stats.by_status.get("completed") == 12 and stats.queued == 0
     assert len(await runrow.transcript(pooled, "c0", schema=schema)) == 6
     assert (await runrow.get_run(pooled, runs[5].id, schema=schema)).status == "completed"
-    trimmed = await runrow.trim(pooled, schema=schema, retention=timedelta(0))
+    trimmed = await runrow.trim(pooled, schema=schema, retention=timedelta(0), erase_requests=True)
     assert trimmed.runs == 13
 
     after = {r["database"]: r for r in _admin(bouncer, "SHOW STATS")}[dbname]

@@ -109,6 +109,10 @@ async def test_cli_reads_and_stops(dsn: str, schema: str) -> None:
     assert "made 0 journal partition(s)" in await cli("journal", "ensure")  # made ahead already
     tail = [json.loads(line) for line in (await cli("runs", "tail", str(run.id), "--json")).splitlines()]
     assert [e["seq"] for e in tail] == [1, 2, 3] and tail[-1]["type"] == "complete"
+    # The cancelled run ended before now: with no retention and --erase-requests, the
+    # per-run pass takes it (its partition stays: the queued retry was made in it).
+    erased = await cli("trim", "--retention-hours", "0", "--erase-requests")
+    assert "trimmed 1 finished runs; dropped 0 journal partitions" in erased
 
 
 async def test_cli_errors_are_one_clear_line(dsn: str) -> None:

@@ -363,13 +363,13 @@ async def test_trim_removes_step_records_once_the_lineage_is_finished(
         run = await runrow.enqueue(dsn, schema=schema, conversation_id="c", user_id="u", content="go")
         await wait_for(lambda: is_terminal(conn, schema, run.id), what="the run to fail")
     retry = await runrow.retry_run(dsn, run.id, schema=schema)  # queued: no worker now
-    trimmed = await runrow.trim(dsn, schema=schema, retention=timedelta(0))
+    trimmed = await runrow.trim(dsn, schema=schema, retention=timedelta(0), erase_requests=True)
     assert trimmed.runs == 1
     assert len(await _steps(conn, schema)) == 1  # the queued retry still replays it
     async with runrow.Dispatcher(dsn, agent, schema=schema, **FAST):
         await wait_for(lambda: is_terminal(conn, schema, retry.id), what="the retry to fail")
     assert await effects.names(conn) == ["s"]  # replayed, not run again
-    await runrow.trim(dsn, schema=schema, retention=timedelta(0))
+    await runrow.trim(dsn, schema=schema, retention=timedelta(0), erase_requests=True)
     assert await _steps(conn, schema) == []
 
 
@@ -476,7 +476,9 @@ async def test_trim_keeps_the_steps_while_a_run_of_the_lineage_can_still_be_retr
             ),
             (first.id,),
         )
-        assert (await runrow.trim(dsn, schema=schema, retention=timedelta(days=1))).runs == 1
+        assert (
+            await runrow.trim(dsn, schema=schema, retention=timedelta(days=1), erase_requests=True)
+        ).runs == 1
         assert len(await _steps(conn, schema)) == 1
         third = await runrow.retry_run(dsn, second.id, schema=schema)
         await wait_for(lambda: is_terminal(conn, schema, third.id), what="attempt 3")

@@ -216,7 +216,9 @@ async def retry_run_of_a_queued_run(dsn: str, schema: str, conn: Any) -> Any:
 async def retry_run_of_a_trimmed_run(dsn: str, schema: str, conn: psycopg.AsyncConnection) -> Any:
     run = await failed_run(dsn, schema, conn, "c")
     now = await manual.db_now(conn)
-    assert (await runrow.trim(dsn, schema=schema, now=now + timedelta(hours=25))).runs == 1
+    assert (
+        await runrow.trim(dsn, schema=schema, now=now + timedelta(hours=25), erase_requests=True)
+    ).runs == 1
     return "retry_run", (dsn, str(run.id)), {"schema": schema}
 
 

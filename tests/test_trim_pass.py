@@ -63,7 +63,9 @@ async def test_a_pass_reads_each_trimmed_run_about_once_whichever_index_it_walks
         # Only the index of all finished runs is left to walk: the plan that re-read.
         await conn.execute(sql.SQL("DROP INDEX {}").format(table(schema, "agent_run_untrimmed_idx")))
         before = await _index_reads(conn, schema)
-        result = await runrow.trim(conn, schema=schema, retention=timedelta(days=1), batch=50)
+        result = await runrow.trim(
+            conn, schema=schema, retention=timedelta(days=1), batch=50, erase_requests=True
+        )
         read = await _index_reads(conn, schema) - before
     assert result.runs == RUNS
     # 20 batches of 50: about RUNS entries read in all (each batch's bound re-reads the
@@ -104,7 +106,9 @@ async def test_a_batch_starts_at_its_bound_and_says_where_the_next_one_starts(ds
         )
         assert (done.runs, done.last_finished) == (0, None)
         # A new pass (no bound) trims the rest.
-        assert (await runrow.trim(conn, schema=schema, retention=timedelta(days=1))).runs == 6
+        assert (
+            await runrow.trim(conn, schema=schema, retention=timedelta(days=1), erase_requests=True)
+        ).runs == 6
 
 
 async def test_a_batch_marks_its_runs_through_the_primary_key(dsn: str, schema: str) -> None:
@@ -114,7 +118,9 @@ async def test_a_batch_marks_its_runs_through_the_primary_key(dsn: str, schema: 
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         await _finished_runs(conn, schema, RUNS)
         before = await _seq_scans(conn, schema)
-        result = await runrow.trim(conn, schema=schema, retention=timedelta(days=1), batch=50)
+        result = await runrow.trim(
+            conn, schema=schema, retention=timedelta(days=1), batch=50, erase_requests=True
+        )
         scans = await _seq_scans(conn, schema) - before
     assert result.runs == RUNS
     assert scans == 0, f"{scans} sequential scans of agent_run in {RUNS // 50} batches"

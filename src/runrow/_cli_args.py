@@ -310,6 +310,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=24.0,
         help="trim runs that finished longer ago than this (default: %(default)s)",
     )
+    t.add_argument(
+        "--erase-requests",
+        action="store_true",
+        help="also null each old run's request snapshot, run by run (it may hold personal data)",
+    )
 
     add_stats_parser(sub, common)
     add_journal_parser(sub, common)

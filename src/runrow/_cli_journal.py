@@ -1,8 +1,9 @@
-"""``runrow journal``: the journal's partitions, listed or made ahead
-(docs/howto/retention.md)."""
+"""``runrow journal``: the journal's partitions, listed or made ahead; ``runrow trim``:
+retention (docs/howto/retention.md)."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from ._cli_support import database_url, jsonable, out
@@ -10,7 +11,7 @@ from ._cli_support import database_url, jsonable, out
 if TYPE_CHECKING:
     import argparse
 
-__all__ = ["add_journal_parser", "cmd_journal"]
+__all__ = ["add_journal_parser", "cmd_journal", "cmd_trim"]
 
 
 def add_journal_parser(
@@ -40,4 +41,19 @@ async def cmd_journal(args: argparse.Namespace) -> int:
         for p in parts
     ]
     out(args, jsonable(parts), "\n".join(lines) or "no partitions (schema before version 20)")
+    return 0
+
+
+async def cmd_trim(args: argparse.Namespace) -> int:
+    """``runrow trim``: retires old journal partitions (and, asked, erases requests)."""
+    from ._retention import trim
+
+    result = await trim(
+        database_url(args),
+        retention=timedelta(hours=args.retention_hours),
+        schema=args.schema,
+        erase_requests=args.erase_requests,
+    )
+    what = f"dropped {result.partitions} journal partitions and {result.events} journal rows one by one"
+    out(args, result, f"trimmed {result.runs} finished runs; {what}")
     return 0

@@ -105,14 +105,15 @@ class RunNotFound(RunrowError, LookupError):
 
 class RunTrimmed(InvalidInput):
     """:func:`runrow.retry_run` refused a run that retention (:func:`runrow.trim`) has
-    trimmed: its request snapshot is deleted, and a retry must not run without it.
-    Nothing was written. Enqueue the message as a new turn instead.
+    trimmed: its lineage's step records (and perhaps its request snapshot) are deleted,
+    and a retry must not run without them (it would run its steps again). Nothing was
+    written. Enqueue the message as a new turn instead.
     """
 
     def __init__(self, run_id: object) -> None:
         super().__init__(
             "run_id",
-            f"{run_id!s} was trimmed by retention, which deleted its request snapshot; "
+            f"{run_id!s} was trimmed by retention, which deleted its step records; "
             "it cannot be retried (enqueue the message as a new turn)",
         )
         self.run_id = run_id

@@ -2,8 +2,11 @@
 operators, and dropped whole by :func:`runrow.trim` (see migrations 18-20).
 
 A run's events live in the partition of the interval its run was made in (run ids are
-time-ordered), so retention drops a partition once every run made in it is trimmed:
-no ``DELETE``, no dead tuples on the live partitions, next to no WAL.
+time-ordered), so retention drops a partition once every run made in it (and every
+later retry of their lineages, every run of their trees) finished before the cutoff:
+it retires the partition's range of creation times, which trims all of its runs at
+once (migration 28), then drops it. No per-run write, no ``DELETE`` on the journal, no dead tuples on
+the live partitions, next to no WAL: the pass costs O(partitions) writes.
 """
 
 from __future__ import annotations
@@ -98,21 +101,35 @@ async def _autocommit(conn: AsyncConnection) -> AsyncIterator[None]:
 
 async def drop_expired_partitions(
     db: Database, *, schema: str, retention_seconds: float, now: datetime | None
-) -> int:
-    """Detaches and drops every partition whose runs are all trimmed and were made
-    before the cutoff (after :func:`runrow.trim`'s per-run pass marked them), and any a
-    detach left half done. Returns how many it dropped."""
-    dropped = 0
+) -> tuple[int, int]:
+    """Retires every journal partition nobody needs (writes its range, deletes its step
+    records and tree streams: migration 28), then detaches and drops it, and any a
+    detach left half done. A partition still needed holds only itself. Returns how many
+    it dropped and how many runs it trimmed that were not marked trimmed before."""
+    dropped = trimmed = 0
     async with schema_guard(db, schema), _ddl_conn(db) as (conn, concurrently):
         for name in await run(conn, _gw.detach_pending(schema)):
             await run(conn, _gw.finish_detach(schema, name))  # (left half done before)
             await run(conn, _gw.drop(schema, name))
             dropped += 1
-        for name, estimate in await run(
-            conn, _gw.expired(schema, retention_seconds=retention_seconds, now=now)
-        ):
-            await run(conn, _gw.detach(schema, name, concurrently=concurrently))
-            await run(conn, _gw.drop(schema, name))
-            log.info("dropped journal partition %s.%s (about %d events)", schema, name, estimate)
+        retired = await run(conn, _gw.retired(schema))
+        for part in await run(conn, _gw.partitions(schema)):
+            lo, hi = part.lo, part.hi
+            if lo is None or hi is None or lo < 1 or part.detach_pending:
+                continue  # (the legacy partition: its runs are trimmed one by one)
+            if not any(a <= lo and hi <= b for a, b in retired):  # (else an earlier trim's)
+                async with conn.transaction():
+                    await run(conn, _gw.lock_retiring(schema))
+                    done = await run(
+                        conn, _gw.retire(schema, lo=lo, hi=hi, retention_seconds=retention_seconds, now=now)
+                    )
+                if done is None:
+                    continue  # (still needed)
+                trimmed += done[1]
+            await run(conn, _gw.detach(schema, part.name, concurrently=concurrently))
+            await run(conn, _gw.drop(schema, part.name))
+            log.info(
+                "dropped journal partition %s.%s (about %d events)", schema, part.name, part.rows_estimate
+            )
             dropped += 1
-    return dropped
+    return dropped, trimmed

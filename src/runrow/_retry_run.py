@@ -6,6 +6,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Literal
 
+import psycopg
+
 from . import _json
 from ._db import Database, perform
 from ._enqueue import _conversation_lock
@@ -57,11 +59,22 @@ async def retry_run(
 
     Raises :class:`RunNotFound`, :class:`InvalidInput` when the run is not failed,
     cancelled or expired or ``deadline`` is not one of the above, :class:`RunTrimmed`
-    (an ``InvalidInput``) when :func:`~runrow.trim` has deleted its request snapshot (a
-    retry never runs without it), or :class:`DeadlinePassed` (an ``InvalidInput``).
+    (an ``InvalidInput``) when :func:`~runrow.trim` has trimmed it (a retry never
+    runs without its step records), or :class:`DeadlinePassed` (an ``InvalidInput``).
     Nothing is written when it raises.
     """
-    return await perform(db, schema, retry_run_op(run_id, deadline=deadline, schema=schema))
+    try:
+        return await perform(db, schema, retry_run_op(run_id, deadline=deadline, schema=schema))
+    except psycopg.errors.CheckViolation as e:
+        raise retired_refusal(e, run_id) from e
+
+
+def retired_refusal(error: psycopg.errors.CheckViolation, run_id: uuid.UUID | str) -> Exception:
+    """What a retry refused by the schema raises: :class:`RunTrimmed` if trim retired its
+    lineage while the retry was being written (migration 28's trigger), else the error."""
+    if error.diag.constraint_name == "agent_run_retry_unretired":
+        return RunTrimmed(_json.parse_run_id(run_id))
+    return error
 
 
 def retry_run_op(run_id: uuid.UUID | str, *, deadline: RetryDeadline = KEEP, schema: str) -> Operation[Run]:

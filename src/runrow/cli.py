@@ -16,7 +16,7 @@ import psycopg
 
 from ._cli_args import build_parser
 from ._cli_check import cmd_check
-from ._cli_journal import cmd_journal
+from ._cli_journal import cmd_journal, cmd_trim
 from ._cli_limits import cmd_limits
 from ._cli_schedules import cmd_schedules
 from ._cli_send import cmd_send
@@ -275,17 +275,6 @@ async def cmd_stop(args: argparse.Namespace) -> int:
             f"running turn(s) to stop; {len(result.drafts)} draft(s) returned"
         )
     _out(args, result, text)
-    return 0
-
-
-async def cmd_trim(args: argparse.Namespace) -> int:
-    from ._retention import trim
-
-    result = await trim(
-        _database_url(args), retention=timedelta(hours=args.retention_hours), schema=args.schema
-    )
-    what = f"dropped {result.partitions} journal partitions and {result.events} journal rows one by one"
-    _out(args, result, f"trimmed {result.runs} finished runs; {what}")
     return 0
 
 

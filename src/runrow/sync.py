@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import psycopg
+
 from . import (
     _enqueue,
     _inputs,
@@ -147,7 +149,10 @@ def retry_run(
 ) -> Run:
     """:func:`runrow.retry_run` on a synchronous connection, pool or conninfo: the retry
     keeps the turn's deadline unless ``deadline`` sets a new one or ``None`` clears it."""
-    return _syncdb.perform(db, schema, _retry_run.retry_run_op(run_id, deadline=deadline, schema=schema))
+    try:
+        return _syncdb.perform(db, schema, _retry_run.retry_run_op(run_id, deadline=deadline, schema=schema))
+    except psycopg.errors.CheckViolation as e:
+        raise _retry_run.retired_refusal(e, run_id) from e
 
 
 def cancel_run(db: SyncDatabase, run_id: uuid.UUID | str, *, schema: str = DEFAULT_SCHEMA) -> StopResult:

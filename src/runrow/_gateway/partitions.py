@@ -37,15 +37,31 @@ def partitions(schema: str) -> Plan[list[PartitionRow]]:
     return [PartitionRow(*row) for row in rows]
 
 
-def expired(schema: str, *, retention_seconds: float, now: datetime | None) -> Plan[list[tuple[str, int]]]:
-    """The partitions whose every run was made before the cutoff (``now`` less the
-    retention) and is trimmed, with their row estimates: nobody needs their events."""
+def retired(schema: str) -> Plan[list[tuple[int, int]]]:
+    """The retired ranges ``[lo, hi)`` (ms of run creation): runs made in them are
+    trimmed (migration 28)."""
+    rows = yield Query(_sql.statement("journal_retired", schema), prepare=False)
+    return [(int(lo), int(hi)) for lo, hi in rows]
+
+
+def lock_retiring(schema: str) -> Plan[None]:
+    """Holds the retire lock row FOR UPDATE until the transaction ends (trim's side of
+    the lock with retry: see migration 28)."""
+    yield Query(_sql.statement("journal_retire_lock", schema), prepare=False)
+
+
+def retire(
+    schema: str, *, lo: int, hi: int, retention_seconds: float, now: datetime | None
+) -> Plan[tuple[int, int] | None]:
+    """Retires the partition of runs made in ``[lo, hi)`` ms (writes its range) and
+    deletes the step records and tree streams keyed by them, if nobody needs it; returns the
+    runs made in it and how many were not marked trimmed before, or None (kept)."""
     rows = yield Query(
-        _sql.statement("journal_partitions_expired", schema),
-        {"retention_seconds": retention_seconds, "now": now},
+        _sql.statement("journal_retire_partition", schema),
+        {"lo": lo, "hi": hi, "retention_seconds": retention_seconds, "now": now},
         prepare=False,
     )
-    return [(str(name), int(estimate)) for name, estimate in rows]
+    return (int(rows[0][0]), int(rows[0][1])) if rows else None
 
 
 def detach_pending(schema: str) -> Plan[list[str]]:

@@ -21,12 +21,31 @@ class Trimmed(NamedTuple):
 
 
 def trim(
-    schema: str, *, retention_seconds: float, limit: int, now: datetime | None, after: datetime | None = None
+    schema: str,
+    *,
+    retention_seconds: float,
+    limit: int,
+    now: datetime | None,
+    after: datetime | None = None,
+    legacy_only: bool = False,
 ) -> Plan[Trimmed]:
     """Trims up to ``limit`` runs finished more than ``retention_seconds`` before ``now``,
-    and not before ``after`` (a pass's previous batch's ``last_finished``)."""
+    and not before ``after`` (a pass's previous batch's ``last_finished``); with
+    ``legacy_only``, only runs made before schema version 20."""
     (row,) = yield Query(  # two counts and a time, always one row
         _sql.statement("trim", schema),
-        {"retention_seconds": retention_seconds, "limit": limit, "now": now, "after": after},
+        {
+            "retention_seconds": retention_seconds,
+            "limit": limit,
+            "now": now,
+            "after": after,
+            "legacy_only": legacy_only,
+        },
     )
     return Trimmed(row[0], row[1], row[2])
+
+
+def legacy_left(schema: str) -> Plan[bool]:
+    """Whether the legacy partition still holds events (runs left for the per-run pass)."""
+    (row,) = yield Query(_sql.statement("trim_legacy_left", schema))
+    return bool(row[0])

@@ -179,7 +179,7 @@ class RunRoutes:
             run = await runrow.retry_run(self.api.pool, info.id, schema=self.api.schema)
         except runrow.DeadlinePassed as exc:  # (a deadline is the host's to move, not the user's)
             raise ApiError(409, "deadline_passed", str(exc)) from None
-        except runrow.InvalidInput as exc:  # still active or completed, or its request trimmed
+        except runrow.InvalidInput as exc:  # still active or completed, or trimmed
             raise ApiError(409, "not_retryable", str(exc)) from None
         return _turns.accepted(run, self.api.base(request))
 
