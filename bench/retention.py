@@ -44,6 +44,12 @@ SELECT r.id, s, CASE WHEN s = %(events)s THEN 'complete' ELSE 'content_delta' EN
 FROM {s}.agent_run r CROSS JOIN generate_series(1, %(events)s) s
 """
 
+STEPS = """
+INSERT INTO {s}.run_step (lineage_id, key, occurrence, position, run_id, status, idempotent, result, recorded_at)
+SELECT r.id, 'tool', s - 1, s - 1, r.id, 'recorded', false, jsonb_build_object('out', repeat('y', 40)), r.created_at
+FROM {s}.agent_run r CROSS JOIN generate_series(1, %(steps)s) s
+"""
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(
@@ -53,12 +59,18 @@ def main() -> None:
     parser.add_argument("--days", type=int, default=3)
     parser.add_argument("--runs-per-day", type=int, default=10_000)
     parser.add_argument("--events", type=int, default=100, help="events per run")
+    parser.add_argument("--steps", type=int, default=0, help="step records per run (each its own lineage)")
     parser.add_argument("--server", default="/usr/lib/postgresql/15/bin")
     parser.add_argument("--json", type=Path)
     parser.add_argument(
         "--split",
         action="store_true",
         help="time trim's per-run pass and its partition drop apart (this checkout only)",
+    )
+    parser.add_argument(
+        "--erase-requests",
+        action="store_true",
+        help="trim with erase_requests (the per-run pass over every run; schema 28 on)",
     )
     args = parser.parse_args()
     sys.path.insert(0, str(args.src.resolve()))
@@ -94,6 +106,8 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
             started = time.perf_counter()
             await conn.execute(sql.SQL(LOAD).format(s=s, make_id=make_id), {"days": args.days, "runs": runs})
             await conn.execute(sql.SQL(EVENTS).format(s=s), {"events": args.events})
+            if args.steps:
+                await conn.execute(sql.SQL(STEPS).format(s=s), {"steps": args.steps})
             await conn.execute("VACUUM (ANALYZE)")
             await conn.execute("CHECKPOINT")
             loaded = time.perf_counter() - started
@@ -101,7 +115,11 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
             wal_before = await _one(conn, "SELECT pg_current_wal_lsn()")
             started = time.perf_counter()
             if args.split:  # runrow.trim's two halves, timed apart (its own code, in order)
-                result, runs_seconds = await _trim_split(url)
+                result, runs_seconds = await _trim_split(url, args.erase_requests)
+            elif args.erase_requests:
+                result = await runrow.trim(
+                    url, retention=timedelta(hours=24), batch=1000, erase_requests=True
+                )
             else:
                 result = await runrow.trim(url, retention=timedelta(hours=24), batch=1000)
             took = time.perf_counter() - started
@@ -117,6 +135,8 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
             for (table,) in tables:
                 dead += await _one(conn, "SELECT dead_tuple_count FROM pgstattuple(%s)", (table,))
             size_after = await _one(conn, sql.SQL("SELECT {}").format(_journal_size(s)))
+            steps_left = await _one(conn, sql.SQL("SELECT count(*) FROM {}.run_step").format(s))
+            steps_dead = await _one(conn, "SELECT dead_tuple_count FROM pgstattuple('runrow.run_step')")
             started = time.perf_counter()
             await conn.execute(sql.SQL("VACUUM {}.run_event").format(s))
             vacuum = time.perf_counter() - started
@@ -125,15 +145,19 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
         "partitioned": partitioned,
         "events_loaded": runs * args.events,
         "runs_loaded": runs,
+        "steps_loaded": runs * args.steps,
         "load_seconds": round(loaded, 1),
         "trim_seconds": round(took, 2),
         **({"trim_per_run_pass_seconds": round(runs_seconds, 2)} if args.split else {}),
+        "erase_requests": args.erase_requests,
         "trim_runs": result.runs,
         "trim_events_deleted_row_by_row": result.events,
         "trim_partitions_dropped": getattr(result, "partitions", 0),
         "events_left": left,
         "trim_wal_bytes": int(wal),
         "dead_tuples_left_on_the_journal": dead,
+        "steps_left": steps_left,
+        "dead_tuples_left_on_run_step": steps_dead,
         "journal_bytes_before": size_before,
         "journal_bytes_after": size_after,
         "vacuum_after_seconds": round(vacuum, 2),
@@ -143,16 +167,28 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
-async def _trim_split(url: str) -> tuple[Any, float]:
+async def _trim_split(url: str, erase_requests: bool) -> tuple[Any, float]:
     """What runrow.trim does (24 h, batches of 1,000), with the per-run pass timed alone
-    (its own two halves, called in its order)."""
+    (its own two halves, called in its order). A checkout before schema 28 has no
+    horizon: its per-run pass takes every run, and its drop returns a count alone."""
+    import inspect
+
     from runrow import TrimResult
     from runrow._retention import drop_expired_partitions, trim_runs
 
+    extra = (
+        {"erase_requests": erase_requests}
+        if "erase_requests" in inspect.signature(trim_runs).parameters
+        else {}
+    )
     started = time.perf_counter()
-    runs, events = await trim_runs(url, schema="runrow", retention_seconds=86400, batch=1000, now=None)
+    runs, events = await trim_runs(
+        url, schema="runrow", retention_seconds=86400, batch=1000, now=None, **extra
+    )
     pass_seconds = time.perf_counter() - started
     dropped = await drop_expired_partitions(url, schema="runrow", retention_seconds=86400, now=None)
+    if isinstance(dropped, tuple):  # (partitions, runs trimmed by the horizon)
+        return TrimResult(runs + dropped[1], events, dropped[0]), pass_seconds
     return TrimResult(runs, events, dropped), pass_seconds
 
 

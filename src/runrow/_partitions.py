@@ -5,8 +5,8 @@ A run's events live in the partition of the interval its run was made in (run id
 time-ordered), so retention drops a partition once every run made in it (and every
 later retry of their lineages, every run of their trees) finished before the cutoff:
 it retires the partition's range of creation times, which trims all of its runs at
-once (migration 28), then drops it. No per-run write, no ``DELETE`` on the journal, no dead tuples on
-the live partitions, next to no WAL: the pass costs O(partitions) writes.
+once (migration 28), then drops it. No per-run write, no ``DELETE`` on the journal, no
+dead tuples on the live partitions, next to no WAL: O(partitions) writes a pass.
 """
 
 from __future__ import annotations
