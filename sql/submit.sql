@@ -206,7 +206,8 @@ FROM {schema}.agent_run WHERE retry_of = %(run_id)s
 
 -- name: retry_source
 -- Why a run was not retried: its status, whether it is trimmed (marked, or its lineage
--- made in a retired range), and its deadline and whether that has passed (by the database's
--- clock, as retry's check).
-SELECT status, journal_trimmed OR {schema}.run_retired(coalesce(lineage_id, id)), deadline_at, coalesce(deadline_at <= now(), false)
+-- made in a retired range), and its deadline and whether that has passed (by the
+-- database's clock, as retry's check).
+SELECT status, journal_trimmed OR {schema}.run_retired(coalesce(lineage_id, id)),
+       deadline_at, coalesce(deadline_at <= now(), false)
 FROM {schema}.agent_run WHERE id = %(run_id)s
