@@ -32,9 +32,13 @@ SELECT 1 FROM {schema}.journal_retire_lock FOR UPDATE
 -- one of them). Its caller holds the lock row (journal_retire_lock), so no retry of
 -- those lineages is being written meanwhile. Returns nothing if the partition is still
 -- needed; else the runs made in it and how many of them were not marked trimmed before.
+-- (A partition that ends after the cutoff gets no bound row, so no run of it is read:
+-- the live ones hold the most runs.)
 WITH bound AS (
-    SELECT {schema}.run_id_floor(%(lo)s) AS lo, {schema}.run_id_floor(%(hi)s) AS hi,
-           coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(retention_seconds)s) AS cutoff
+    SELECT {schema}.run_id_floor(%(lo)s) AS lo, {schema}.run_id_floor(%(hi)s) AS hi, c.cutoff
+    FROM (SELECT coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(retention_seconds)s)
+                 AS cutoff) c
+    WHERE %(hi)s <= (extract(epoch FROM c.cutoff) * 1000)::bigint
 ), made AS (
     SELECT count(*) AS runs, count(*) FILTER (WHERE NOT r.journal_trimmed) AS unmarked,
            coalesce(bool_and(r.finished_at IS NOT NULL AND r.finished_at < b.cutoff), true) AS done
@@ -42,7 +46,6 @@ WITH bound AS (
 ), ok AS (
     SELECT made.runs, made.unmarked FROM made, bound b
     WHERE made.done
-      AND %(hi)s <= (extract(epoch FROM b.cutoff) * 1000)::bigint
       AND NOT EXISTS (SELECT 1 FROM {schema}.agent_run r
                       WHERE r.lineage_id >= b.lo AND r.lineage_id < b.hi
                         AND (r.finished_at IS NULL OR r.finished_at >= b.cutoff))
